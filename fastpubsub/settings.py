@@ -1,0 +1,128 @@
+"""The one place fastpubsub reads its configuration: FASTPUBSUB_* environment variables.
+
+Every field here is listed, with its default, in env.sample and in the README's
+configuration table (a test keeps the three in agreement).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from fastpubsub.exceptions import ConfigurationError
+
+# Secrets people copy from examples; refused whenever auth is on.
+_PLACEHOLDER_SECRETS = {
+    "changeme",
+    "change-me",
+    "secret",
+    "your-secret-key",
+    "a1b2c3d4e5f6g7h8i9j0k1l2m3n4o5p6",
+}
+
+
+class Settings(BaseSettings):
+    """fastpubsub configuration."""
+
+    model_config = SettingsConfigDict(env_prefix="FASTPUBSUB_", env_file=".env", extra="ignore")
+
+    # Database
+    database_url: str | None = Field(
+        default=None,
+        description="PostgreSQL URL; empty means an embedded PostgreSQL (dev and `make run` only)",
+    )
+    database_echo: bool = Field(default=False, description="Log every SQL statement")
+    database_pool_size: int = Field(default=5, ge=1, le=200, description="Connections kept per process")
+    database_max_overflow: int = Field(default=10, ge=0, le=500, description="Extra connections under load")
+    database_pool_pre_ping: bool = Field(
+        default=False,
+        description="Test each pooled connection before use (costs a round trip; dropped "
+        "connections are detected and replaced without it)",
+    )
+    database_statement_timeout_ms: int = Field(
+        default=30000, ge=0, description="Server-side limit for one statement (0 = none)"
+    )
+    embedded_data_dir: Path = Field(
+        default=Path(".fastpubsub"), description="Where the embedded PostgreSQL keeps its data"
+    )
+
+    # Logging
+    log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level")
+    log_format: Literal["json", "text"] = Field(default="json", description="json or text log lines")
+
+    # Subscription defaults
+    subscription_max_attempts: int = Field(default=5, ge=1, le=1000, description="Deliveries before the DLQ")
+    subscription_backoff_min_seconds: int = Field(default=5, ge=0, le=86400, description="First retry delay")
+    subscription_backoff_max_seconds: int = Field(
+        default=300, ge=0, le=86400, description="Longest retry delay"
+    )
+    subscription_ack_deadline_seconds: int = Field(default=30, ge=1, le=3600, description="Lease length")
+
+    # API server
+    api_debug: bool = Field(default=False, description="Debug mode (never in production)")
+    api_host: str = Field(default="0.0.0.0", description="Address the server binds")
+    api_port: int = Field(default=8000, ge=1, le=65535, description="Port the server binds")
+    api_num_workers: int = Field(default=2, ge=1, le=64, description="Gunicorn worker processes")
+    api_cors_origins: str = Field(default="", description="Comma-separated origins allowed by CORS")
+    max_message_bytes: int = Field(default=262144, ge=1, description="Largest message (serialised JSON)")
+    max_request_bytes: int = Field(default=10485760, ge=1, description="Largest request body")
+
+    # Authentication
+    auth_enabled: bool = Field(default=False, description="Require OAuth2 bearer tokens")
+    auth_secret_key: str | None = Field(default=None, description="JWT signing key (required with auth)")
+    auth_algorithm: Literal["HS256", "HS384", "HS512"] = Field(default="HS256", description="JWT algorithm")
+    auth_access_token_expire_minutes: int = Field(default=30, ge=1, le=1440, description="Token lifetime")
+    auth_client_cache_seconds: float = Field(
+        default=2.0, ge=0, le=5, description="How long a client's active/version check is cached"
+    )
+
+    # Cleanup jobs
+    cleanup_acked_messages_older_than_seconds: int = Field(
+        default=3600, ge=0, description="Acked deliveries (and retention for replay) older than this go"
+    )
+    cleanup_stuck_messages_lock_timeout_seconds: int = Field(
+        default=60, ge=0, description="Leases held longer than this are released"
+    )
+    cleanup_batch_size: int = Field(
+        default=5000, ge=1, le=1000000, description="Rows per cleanup transaction"
+    )
+
+    @field_validator("database_url", "auth_secret_key", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @model_validator(mode="after")
+    def _check(self) -> Settings:
+        if self.subscription_backoff_max_seconds < self.subscription_backoff_min_seconds:
+            raise ValueError("FASTPUBSUB_SUBSCRIPTION_BACKOFF_MAX_SECONDS must be >= the minimum")
+        return self
+
+    def require_auth_secret(self) -> str:
+        """The signing key; raises ConfigurationError when auth is on without a usable one."""
+        key = self.auth_secret_key or ""
+        if not key:
+            raise ConfigurationError(
+                "FASTPUBSUB_AUTH_ENABLED is true but FASTPUBSUB_AUTH_SECRET_KEY is not set; "
+                "create one with `fastpubsub generate-secret-key`"
+            )
+        if key.lower() in _PLACEHOLDER_SECRETS or len(key) < 32:
+            raise ConfigurationError(
+                "FASTPUBSUB_AUTH_SECRET_KEY must be at least 32 characters and not an example value; "
+                "create one with `fastpubsub generate-secret-key`"
+            )
+        return key
+
+    @property
+    def cors_origins(self) -> list[str]:
+        return [origin.strip() for origin in self.api_cors_origins.split(",") if origin.strip()]
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """Settings read once per process."""
+    return Settings()
