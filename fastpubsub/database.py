@@ -1,0 +1,397 @@
+"""Data access: the only module that talks to PostgreSQL.
+
+Every operation is one call of a named query from sql/queries.sql, which is one
+round trip: connections run in autocommit mode, so no BEGIN/COMMIT pair is added
+around the single statement (each stored function is atomic on its own).
+Driver errors become fastpubsub exceptions here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from functools import cache
+from importlib import resources
+from typing import Any, NoReturn
+from uuid import UUID
+
+import orjson
+import psycopg
+import psycopg.types.json
+from sqlalchemy import TextClause, text
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from fastpubsub.exceptions import (
+    AlreadyExistsError,
+    DatabaseUnavailableError,
+    FastPubSubError,
+    InvalidInputError,
+    NotFoundError,
+)
+from fastpubsub.models import (
+    CleanupResult,
+    Client,
+    ClientCredentials,
+    ClientTokenState,
+    Message,
+    NackResult,
+    Subscription,
+    SubscriptionBacklog,
+    SubscriptionMetrics,
+    Topic,
+)
+
+log = logging.getLogger(__name__)
+
+NOTIFY_CHANNEL = "fastpubsub"
+
+# jsonb values arrive through orjson: several times faster than the json module.
+psycopg.types.json.set_json_loads(orjson.loads)
+
+# Friendly messages for CHECK constraints (SQLSTATE 23514).
+_CHECK_MESSAGES = {
+    "topics_id_format": "id must be 1-128 characters of letters, digits, '.', '_' or '-', "
+    "starting with a letter or digit",
+    "subscriptions_id_format": "id must be 1-128 characters of letters, digits, '.', '_' or '-', "
+    "starting with a letter or digit",
+    "subscriptions_max_delivery_attempts_range": "max_delivery_attempts must be between 1 and 1000",
+    "subscriptions_backoff_min_seconds_range": "backoff_min_seconds must be between 0 and 86400",
+    "subscriptions_backoff_max_seconds_range": "backoff_max_seconds must be between 0 and 86400",
+    "subscriptions_ack_deadline_seconds_range": "ack_deadline_seconds must be between 1 and 3600",
+    "subscriptions_backoff_order": "backoff_max_seconds must be >= backoff_min_seconds",
+    "clients_name_length": "name must be 1-200 characters",
+}
+_UNIQUE_OBJECTS = {
+    "topics_pkey": "topic",
+    "subscriptions_pkey": "subscription",
+    "clients_pkey": "client",
+}
+# SQLSTATE classes that mean "the database cannot serve us right now".
+_UNAVAILABLE_CLASSES = ("08", "53", "57", "58")
+_UNAVAILABLE_STATES = {"40001", "40P01", "55P03"}
+
+
+def _normalise(url: str) -> str:
+    parsed = make_url(url)
+    if parsed.get_backend_name() not in ("postgresql", "postgres"):
+        raise InvalidInputError(f"not a PostgreSQL URL: {parsed.get_backend_name()}")
+    return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+
+
+def sync_url(url: str) -> str:
+    """`url` for SQLAlchemy with the psycopg driver (postgres://, postgresql:// accepted)."""
+    return _normalise(url)
+
+
+def libpq_url(url: str) -> str:
+    """`url` as plain libpq understands it (no SQLAlchemy driver suffix)."""
+    return make_url(_normalise(url)).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@cache
+def queries() -> dict[str, TextClause]:
+    """Named queries from sql/queries.sql, parsed once."""
+    source = resources.files("fastpubsub").joinpath("sql/queries.sql").read_text(encoding="utf-8")
+    parsed: dict[str, TextClause] = {}
+    for match in re.finditer(r"^-- (\w+) --\n(.*?)(?=^-- \w+ --\n|\Z)", source, re.S | re.M):
+        parsed[match.group(1)] = text(match.group(2).strip())
+    return parsed
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    orig = getattr(exc, "orig", None)
+    return getattr(orig, "sqlstate", None) if orig is not None else None
+
+
+def translate_error(exc: BaseException) -> FastPubSubError | None:
+    """The fastpubsub error a driver error stands for, or None if it is a bug."""
+    if isinstance(exc, FastPubSubError):
+        return exc
+    if isinstance(exc, sa_exc.TimeoutError):
+        return DatabaseUnavailableError("no database connection became free in time")
+    if isinstance(exc, OSError | ConnectionError):
+        return DatabaseUnavailableError(f"database unreachable: {exc}")
+    if not isinstance(exc, sa_exc.DBAPIError):
+        return None
+    orig = exc.orig
+    state = _sqlstate(exc)
+    diag = getattr(orig, "diag", None)
+    primary = (diag.message_primary if diag is not None else None) or str(orig).strip()
+    if state == "FP404":
+        return NotFoundError(primary)
+    if state == "FP422":
+        return InvalidInputError(primary)
+    if state == "23505":
+        constraint = diag.constraint_name if diag is not None else None
+        kind = _UNIQUE_OBJECTS.get(constraint or "", "object")
+        detail = (diag.message_detail if diag is not None else None) or ""
+        found = re.search(r"=\((.*)\)", detail)
+        name = f' "{found.group(1)}"' if found else ""
+        return AlreadyExistsError(f"{kind}{name} already exists")
+    if state == "23514":
+        constraint = diag.constraint_name if diag is not None else None
+        return InvalidInputError(_CHECK_MESSAGES.get(constraint or "", primary))
+    if state is not None and (state.startswith("22") or state in ("23502", "42804")):
+        return InvalidInputError(primary)
+    connection_lost = state is None and isinstance(orig, psycopg.OperationalError | psycopg.InterfaceError)
+    if (
+        connection_lost
+        or exc.connection_invalidated
+        or (state is not None and (state[:2] in _UNAVAILABLE_CLASSES or state in _UNAVAILABLE_STATES))
+    ):
+        return DatabaseUnavailableError("the database is unavailable; retry shortly")
+    return None
+
+
+def _raise_translated(exc: BaseException) -> NoReturn:
+    translated = translate_error(exc)
+    if translated is None or translated is exc:
+        raise exc
+    raise translated from exc
+
+
+def _json(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str | bytes | bytearray | memoryview):
+        return bytes(value).decode("utf-8") if not isinstance(value, str) else value
+    return orjson.dumps(value).decode("utf-8")
+
+
+def _ids(ids: Iterable[UUID | str]) -> list[str]:
+    return [str(i) for i in ids]
+
+
+class Database:
+    """Async access to one fastpubsub database through a connection pool."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 5,
+        max_overflow: int = 10,
+        pool_pre_ping: bool = False,
+        echo: bool = False,
+        statement_timeout_ms: int = 30000,
+        application_name: str = "fastpubsub",
+        pool_timeout: float = 10.0,
+    ) -> None:
+        self.url = sync_url(url)
+        options = f"-c TimeZone=UTC -c statement_timeout={statement_timeout_ms}"
+        self.engine: AsyncEngine = create_async_engine(
+            self.url,
+            isolation_level="AUTOCOMMIT",
+            pool_size=pool_size,
+            max_overflow=max_overflow,
+            pool_pre_ping=pool_pre_ping,
+            pool_timeout=pool_timeout,
+            echo=echo,
+            connect_args={
+                "options": options,
+                "application_name": application_name,
+                "connect_timeout": 5,
+            },
+        )
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+
+    # -- plumbing ------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[AsyncConnection]:
+        try:
+            async with self.engine.connect() as conn:
+                yield conn
+        except Exception as exc:
+            _raise_translated(exc)
+
+    async def _rows(self, query: str, /, **params: Any) -> Sequence[Any]:
+        async with self._connection() as conn:
+            result = await conn.execute(queries()[query], params)
+            return result.fetchall()
+
+    async def _one(self, query: str, missing: str | None = None, /, **params: Any) -> Any:
+        rows = await self._rows(query, **params)
+        if not rows:
+            raise NotFoundError(missing)
+        return rows[0]
+
+    # -- health --------------------------------------------------------------
+    async def ping(self) -> None:
+        """Raise DatabaseUnavailableError unless the database answers."""
+        await self._rows("ping")
+
+    # -- topics --------------------------------------------------------------
+    async def create_topic(self, topic_id: str) -> Topic:
+        row = await self._one("create_topic", id=topic_id)
+        return Topic(*row)
+
+    async def get_topic(self, topic_id: str) -> Topic:
+        row = await self._one("get_topic", f'topic "{topic_id}" not found', id=topic_id)
+        return Topic(*row)
+
+    async def list_topics(self, offset: int = 0, limit: int = 10) -> list[Topic]:
+        return [Topic(*row) for row in await self._rows("list_topics", offset=offset, limit=limit)]
+
+    async def delete_topic(self, topic_id: str) -> None:
+        await self._rows("delete_topic", id=topic_id)
+
+    # -- subscriptions -------------------------------------------------------
+    async def create_subscription(
+        self,
+        subscription_id: str,
+        topic_id: str,
+        *,
+        filter: Any = None,
+        max_delivery_attempts: int | None = None,
+        backoff_min_seconds: int | None = None,
+        backoff_max_seconds: int | None = None,
+        ack_deadline_seconds: int | None = None,
+    ) -> Subscription:
+        row = await self._one(
+            "create_subscription",
+            id=subscription_id,
+            topic_id=topic_id,
+            filter=_json(filter),
+            max_delivery_attempts=max_delivery_attempts,
+            backoff_min_seconds=backoff_min_seconds,
+            backoff_max_seconds=backoff_max_seconds,
+            ack_deadline_seconds=ack_deadline_seconds,
+        )
+        return Subscription(*row)
+
+    async def get_subscription(self, subscription_id: str) -> Subscription:
+        row = await self._one(
+            "get_subscription", f'subscription "{subscription_id}" not found', id=subscription_id
+        )
+        return Subscription(*row)
+
+    async def list_subscriptions(self, offset: int = 0, limit: int = 10) -> list[Subscription]:
+        rows = await self._rows("list_subscriptions", offset=offset, limit=limit)
+        return [Subscription(*row) for row in rows]
+
+    async def delete_subscription(self, subscription_id: str) -> None:
+        await self._rows("delete_subscription", id=subscription_id)
+
+    # -- messages ------------------------------------------------------------
+    async def publish(self, topic_id: str, payloads: Any) -> list[UUID]:
+        """Publish a JSON array of objects (raw JSON text or Python objects); returns ids in order."""
+        row = await self._one("publish", topic_id=topic_id, payloads=_json(payloads))
+        return list(row.ids)
+
+    async def consume(self, subscription_id: str, consumer_id: str, batch_size: int = 10) -> list[Message]:
+        rows = await self._rows(
+            "consume", subscription_id=subscription_id, consumer_id=consumer_id, batch_size=batch_size
+        )
+        return [Message(*row) for row in rows]
+
+    async def ack(self, subscription_id: str, ids: Iterable[UUID | str]) -> int:
+        row = await self._one("ack", subscription_id=subscription_id, ids=_ids(ids))
+        return int(row.acked)
+
+    async def nack(self, subscription_id: str, ids: Iterable[UUID | str]) -> NackResult:
+        row = await self._one("nack", subscription_id=subscription_id, ids=_ids(ids))
+        return NackResult(*row)
+
+    async def extend_lease(self, subscription_id: str, ids: Iterable[UUID | str], seconds: int) -> int:
+        row = await self._one("extend_lease", subscription_id=subscription_id, ids=_ids(ids), seconds=seconds)
+        return int(row.extended)
+
+    async def list_dlq(self, subscription_id: str, offset: int = 0, limit: int = 10) -> list[Message]:
+        rows = await self._rows("list_dlq", subscription_id=subscription_id, offset=offset, limit=limit)
+        return [Message(*row) for row in rows]
+
+    async def reprocess_dlq(self, subscription_id: str, ids: Iterable[UUID | str]) -> int:
+        row = await self._one("reprocess_dlq", subscription_id=subscription_id, ids=_ids(ids))
+        return int(row.reprocessed)
+
+    async def subscription_metrics(self, subscription_id: str) -> SubscriptionMetrics:
+        row = await self._one("subscription_metrics", subscription_id=subscription_id)
+        return SubscriptionMetrics(*row)
+
+    async def all_subscription_metrics(self) -> list[SubscriptionBacklog]:
+        rows = await self._rows("all_subscription_metrics")
+        return [SubscriptionBacklog(row[0], row[1], SubscriptionMetrics(*row[2:])) for row in rows]
+
+    # -- maintenance ---------------------------------------------------------
+    async def cleanup_acked(
+        self,
+        older_than_seconds: int,
+        batch_size: int = 5000,
+        on_batch: Callable[[CleanupResult], None] | None = None,
+    ) -> CleanupResult:
+        """Delete acked deliveries older than the cut-off, one short transaction per batch."""
+        acked = messages = 0
+        while True:
+            row = await self._one(
+                "cleanup_acked", older_than_seconds=older_than_seconds, batch_size=batch_size
+            )
+            batch = CleanupResult(*row)
+            acked += batch.acked_deleted
+            messages += batch.messages_deleted
+            if on_batch is not None:
+                on_batch(batch)
+            if batch.acked_deleted < batch_size and batch.messages_deleted < batch_size:
+                return CleanupResult(acked, messages)
+            await asyncio.sleep(0)
+
+    async def cleanup_stuck(self, lock_timeout_seconds: int) -> int:
+        row = await self._one("cleanup_stuck", lock_timeout_seconds=lock_timeout_seconds)
+        return int(row.released)
+
+    # -- clients -------------------------------------------------------------
+    async def create_client(
+        self, client_id: UUID, name: str, scopes: str, is_active: bool, secret_hash: str
+    ) -> Client:
+        row = await self._one(
+            "create_client",
+            id=client_id,
+            name=name,
+            scopes=scopes,
+            is_active=is_active,
+            secret_hash=secret_hash,
+        )
+        return Client(*row)
+
+    async def get_client(self, client_id: UUID) -> Client:
+        row = await self._one("get_client", f'client "{client_id}" not found', id=client_id)
+        return Client(*row)
+
+    async def get_client_credentials(self, client_id: UUID) -> ClientCredentials | None:
+        rows = await self._rows("get_client_credentials", id=client_id)
+        if not rows:
+            return None
+        return ClientCredentials(Client(*rows[0][:7]), rows[0][7])
+
+    async def list_clients(self, offset: int = 0, limit: int = 10) -> list[Client]:
+        return [Client(*row) for row in await self._rows("list_clients", offset=offset, limit=limit)]
+
+    async def update_client(self, client_id: UUID, name: str, scopes: str, is_active: bool) -> Client:
+        row = await self._one(
+            "update_client",
+            f'client "{client_id}" not found',
+            id=client_id,
+            name=name,
+            scopes=scopes,
+            is_active=is_active,
+        )
+        return Client(*row)
+
+    async def update_client_secret(self, client_id: UUID, secret_hash: str) -> Client:
+        row = await self._one(
+            "update_client_secret", f'client "{client_id}" not found', id=client_id, secret_hash=secret_hash
+        )
+        return Client(*row)
+
+    async def delete_client(self, client_id: UUID) -> None:
+        await self._one("delete_client", f'client "{client_id}" not found', id=client_id)
+
+    async def client_token_state(self, client_id: UUID) -> ClientTokenState | None:
+        rows = await self._rows("client_token_state", id=client_id)
+        return ClientTokenState(*rows[0]) if rows else None

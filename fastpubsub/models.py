@@ -1,0 +1,93 @@
+"""Plain records the data-access layer returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+
+@dataclass(frozen=True, slots=True)
+class Topic:
+    id: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    id: str
+    topic_id: str
+    filter: dict[str, Any] | None
+    max_delivery_attempts: int
+    backoff_min_seconds: int
+    backoff_max_seconds: int
+    ack_deadline_seconds: int
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A message as a consumer sees it: `attempts` counts this delivery too."""
+
+    id: UUID
+    payload: Any
+    attempts: int
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class NackResult:
+    nacked: int
+    dead_lettered: int
+
+
+@dataclass(frozen=True, slots=True)
+class CleanupResult:
+    acked_deleted: int
+    messages_deleted: int
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionMetrics:
+    available: int
+    delivered: int
+    delayed: int
+    acked: int
+    dlq: int
+    oldest_available_age_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionBacklog:
+    """Metrics of one subscription, as reported for every subscription at once."""
+
+    subscription_id: str
+    topic_id: str
+    metrics: SubscriptionMetrics
+
+
+@dataclass(frozen=True, slots=True)
+class Client:
+    id: UUID
+    name: str
+    scopes: str
+    is_active: bool
+    token_version: int
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ClientCredentials:
+    """A client with its secret hash, for authentication only."""
+
+    client: Client
+    secret_hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClientTokenState:
+    is_active: bool
+    token_version: int

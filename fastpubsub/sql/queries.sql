@@ -1,0 +1,118 @@
+-- Every query fastpubsub runs at run time, one per `-- name --` header.
+-- fastpubsub.database parses this file once and calls queries by name; each is
+-- one statement, so each call is one round trip.
+
+-- ping --
+SELECT 1
+
+-- create_topic --
+SELECT id, created_at FROM fastpubsub.create_topic(:id)
+
+-- get_topic --
+SELECT id, created_at FROM fastpubsub.topics WHERE id = :id
+
+-- list_topics --
+SELECT id, created_at FROM fastpubsub.topics ORDER BY id OFFSET :offset LIMIT :limit
+
+-- delete_topic --
+SELECT fastpubsub.delete_topic(:id)
+
+-- create_subscription --
+SELECT s.id, t.id AS topic_id, s.filter, s.max_delivery_attempts, s.backoff_min_seconds,
+       s.backoff_max_seconds, s.ack_deadline_seconds, s.created_at, s.updated_at
+FROM fastpubsub.create_subscription(
+    :id, :topic_id, CAST(:filter AS jsonb), :max_delivery_attempts, :backoff_min_seconds,
+    :backoff_max_seconds, :ack_deadline_seconds) AS s
+JOIN fastpubsub.topics AS t ON t.key = s.topic_key
+
+-- get_subscription --
+SELECT s.id, t.id AS topic_id, s.filter, s.max_delivery_attempts, s.backoff_min_seconds,
+       s.backoff_max_seconds, s.ack_deadline_seconds, s.created_at, s.updated_at
+FROM fastpubsub.subscriptions AS s
+JOIN fastpubsub.topics AS t ON t.key = s.topic_key
+WHERE s.id = :id
+
+-- list_subscriptions --
+SELECT s.id, t.id AS topic_id, s.filter, s.max_delivery_attempts, s.backoff_min_seconds,
+       s.backoff_max_seconds, s.ack_deadline_seconds, s.created_at, s.updated_at
+FROM fastpubsub.subscriptions AS s
+JOIN fastpubsub.topics AS t ON t.key = s.topic_key
+ORDER BY s.id OFFSET :offset LIMIT :limit
+
+-- delete_subscription --
+SELECT fastpubsub.delete_subscription(:id)
+
+-- publish --
+SELECT fastpubsub.publish(:topic_id, CAST(:payloads AS jsonb)) AS ids
+
+-- consume --
+SELECT id, payload, attempts, created_at FROM fastpubsub.consume(:subscription_id, :consumer_id, :batch_size)
+
+-- ack --
+SELECT fastpubsub.ack(:subscription_id, CAST(:ids AS uuid[])) AS acked
+
+-- nack --
+SELECT nacked, dead_lettered FROM fastpubsub.nack(:subscription_id, CAST(:ids AS uuid[]))
+
+-- extend_lease --
+SELECT fastpubsub.extend_lease(:subscription_id, CAST(:ids AS uuid[]), :seconds) AS extended
+
+-- list_dlq --
+SELECT id, payload, attempts, created_at FROM fastpubsub.list_dlq(:subscription_id, :offset, :limit)
+
+-- reprocess_dlq --
+SELECT fastpubsub.reprocess_dlq(:subscription_id, CAST(:ids AS uuid[])) AS reprocessed
+
+-- cleanup_acked --
+SELECT acked_deleted, messages_deleted FROM fastpubsub.cleanup_acked(:older_than_seconds, :batch_size)
+
+-- cleanup_stuck --
+SELECT fastpubsub.cleanup_stuck(:lock_timeout_seconds) AS released
+
+-- subscription_metrics --
+SELECT available, delivered, delayed, acked, dlq, oldest_available_age_seconds
+FROM fastpubsub.subscription_metrics(:subscription_id)
+
+-- all_subscription_metrics --
+SELECT s.id AS subscription_id, t.id AS topic_id, m.available, m.delivered, m.delayed, m.acked, m.dlq,
+       m.oldest_available_age_seconds
+FROM fastpubsub.subscriptions AS s
+JOIN fastpubsub.topics AS t ON t.key = s.topic_key
+CROSS JOIN LATERAL fastpubsub.subscription_metrics(s.id) AS m
+ORDER BY s.id
+
+-- create_client --
+INSERT INTO fastpubsub.clients (id, name, scopes, is_active, secret_hash)
+VALUES (:id, :name, :scopes, :is_active, :secret_hash)
+RETURNING id, name, scopes, is_active, token_version, created_at, updated_at
+
+-- get_client --
+SELECT id, name, scopes, is_active, token_version, created_at, updated_at
+FROM fastpubsub.clients WHERE id = :id
+
+-- get_client_credentials --
+SELECT id, name, scopes, is_active, token_version, created_at, updated_at, secret_hash
+FROM fastpubsub.clients WHERE id = :id
+
+-- list_clients --
+SELECT id, name, scopes, is_active, token_version, created_at, updated_at
+FROM fastpubsub.clients ORDER BY created_at, id OFFSET :offset LIMIT :limit
+
+-- update_client --
+UPDATE fastpubsub.clients
+SET name = :name, scopes = :scopes, is_active = :is_active,
+    token_version = token_version + 1, updated_at = now()
+WHERE id = :id
+RETURNING id, name, scopes, is_active, token_version, created_at, updated_at
+
+-- update_client_secret --
+UPDATE fastpubsub.clients
+SET secret_hash = :secret_hash, token_version = token_version + 1, updated_at = now()
+WHERE id = :id
+RETURNING id, name, scopes, is_active, token_version, created_at, updated_at
+
+-- delete_client --
+DELETE FROM fastpubsub.clients WHERE id = :id RETURNING id
+
+-- client_token_state --
+SELECT is_active, token_version FROM fastpubsub.clients WHERE id = :id

@@ -1,0 +1,34 @@
+-- Undo 0001_core: remove every object it created. The schema itself stays
+-- because the migration version table lives in it.
+DROP FUNCTION fastpubsub.subscription_metrics(text);
+DROP FUNCTION fastpubsub.cleanup_stuck(integer);
+DROP FUNCTION fastpubsub.cleanup_acked(integer, integer);
+DROP FUNCTION fastpubsub.reprocess_dlq(text, uuid[]);
+DROP FUNCTION fastpubsub.list_dlq(text, integer, integer);
+DROP FUNCTION fastpubsub._settle_exhausted(fastpubsub.subscriptions);
+DROP FUNCTION fastpubsub.extend_lease(text, uuid[], integer);
+DROP FUNCTION fastpubsub.nack(text, uuid[]);
+DROP FUNCTION fastpubsub.ack(text, uuid[]);
+DROP FUNCTION fastpubsub.consume(text, text, integer);
+DROP FUNCTION fastpubsub.publish(text, jsonb);
+DROP FUNCTION fastpubsub.delete_subscription(text);
+DROP FUNCTION fastpubsub.create_subscription(text, text, jsonb, integer, integer, integer, integer);
+DROP FUNCTION fastpubsub.delete_topic(text);
+DROP FUNCTION fastpubsub.create_topic(text);
+DROP FUNCTION fastpubsub._advance_watermark(fastpubsub.subscriptions);
+DROP FUNCTION fastpubsub._delete_orphan_messages(integer[], uuid[]);
+DROP FUNCTION fastpubsub._notify(text[]);
+DROP FUNCTION fastpubsub._lock_topic(integer, boolean);
+DROP FUNCTION fastpubsub._subscription(text);
+DROP FUNCTION fastpubsub._validate_filter(jsonb);
+DROP FUNCTION fastpubsub._filter_matches(jsonb, jsonb);
+DROP FUNCTION fastpubsub._message_id_floor(timestamptz);
+DROP FUNCTION fastpubsub._message_id(timestamptz, bigint);
+DROP TABLE fastpubsub.acked_deliveries;
+DROP TABLE fastpubsub.deliveries;
+DROP SEQUENCE fastpubsub.delivery_seq;
+DROP TABLE fastpubsub.messages;
+DROP TABLE fastpubsub.clients;
+DROP TABLE fastpubsub.subscriptions;
+DROP TABLE fastpubsub.topics;
+DROP TYPE fastpubsub.delivery_status;
