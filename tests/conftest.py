@@ -1,0 +1,114 @@
+"""Test harness: a real PostgreSQL for every test that touches data.
+
+FASTPUBSUB_TEST_DATABASE_URL names a server to use (its user needs CREATEDB);
+without it the session starts an embedded PostgreSQL in a temporary directory.
+Migrations run once into a template database; every test gets its own copy
+(CREATE DATABASE ... TEMPLATE), dropped afterwards, so tests never share state.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from sqlalchemy.engine import make_url
+
+from fastpubsub import migrate
+from fastpubsub.database import Database, libpq_url
+from fastpubsub.embedded import EPHEMERAL_SETTINGS, EmbeddedPostgres
+
+
+class PostgresServer:
+    """A PostgreSQL server the tests may create databases on."""
+
+    def __init__(self, admin_url: str, embedded: EmbeddedPostgres | None = None) -> None:
+        self.admin_url = libpq_url(admin_url)
+        self.embedded = embedded
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            self.version = conn.info.server_version
+
+    def url(self, database: str) -> str:
+        return make_url(self.admin_url).set(database=database).render_as_string(hide_password=False)
+
+    def create_database(self, name: str, template: str | None = None) -> str:
+        sql = f'CREATE DATABASE "{name}"'
+        if template:
+            sql += f' TEMPLATE "{template}"'
+            if self.version >= 150000:
+                sql += " STRATEGY FILE_COPY"  # a plain file copy is fastest for tiny databases
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(sql)
+        return self.url(name)
+
+    def drop_database(self, name: str) -> None:
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PostgresServer]:
+    url = os.environ.get("FASTPUBSUB_TEST_DATABASE_URL")
+    if url:
+        yield PostgresServer(url)
+        return
+    data_dir = Path(tempfile.mkdtemp(prefix="fastpubsub-test-pg-"))
+    embedded = EmbeddedPostgres(data_dir, settings=EPHEMERAL_SETTINGS)
+    running = embedded.start()
+    try:
+        yield PostgresServer(running.url(driver=""), embedded)
+    finally:
+        embedded.destroy()
+
+
+@pytest.fixture(scope="session")
+def template_database(pg_server: PostgresServer) -> Iterator[str]:
+    name = f"fastpubsub_template_{os.getpid()}"
+    pg_server.drop_database(name)
+    url = pg_server.create_database(name)
+    migrate.upgrade(url)
+    yield name
+    pg_server.drop_database(name)
+
+
+@pytest.fixture
+def database_url(pg_server: PostgresServer, template_database: str) -> Iterator[str]:
+    """URL of a freshly migrated database that belongs to this test alone."""
+    name = f"fastpubsub_test_{uuid.uuid4().hex[:12]}"
+    url = pg_server.create_database(name, template=template_database)
+    yield url
+    pg_server.drop_database(name)
+
+
+@pytest.fixture
+def conn(database_url: str) -> Iterator[psycopg.Connection]:
+    """An autocommit psycopg connection to this test's database."""
+    with psycopg.connect(database_url, autocommit=True) as connection:
+        connection.execute("SET TimeZone = 'UTC'")
+        yield connection
+
+
+@pytest.fixture
+def connect(database_url: str) -> Iterator[object]:
+    """Open further connections to this test's database (closed at the end)."""
+    opened: list[psycopg.Connection] = []
+
+    def _connect(autocommit: bool = True) -> psycopg.Connection:
+        connection = psycopg.connect(database_url, autocommit=autocommit)
+        opened.append(connection)
+        return connection
+
+    yield _connect
+    for connection in opened:
+        connection.close()
+
+
+@pytest.fixture
+async def db(database_url: str) -> AsyncIterator[Database]:
+    database = Database(database_url, pool_size=2, max_overflow=2)
+    yield database
+    await database.close()

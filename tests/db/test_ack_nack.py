@@ -1,0 +1,110 @@
+"""ack and nack: only leased messages; exponential backoff checked on stored times."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from uuid import UUID
+
+import psycopg
+import pytest
+
+from tests.db.sql import ack, consume, count, create_subscription, create_topic, deliveries, nack, publish
+
+
+@pytest.fixture
+def queue(conn: psycopg.Connection) -> psycopg.Connection:
+    create_topic(conn, "t")
+    create_subscription(conn, "s", "t", max_attempts=10, backoff_min=2, backoff_max=10)
+    return conn
+
+
+def make_due(conn: psycopg.Connection) -> None:
+    """Let every retry backoff end now (time passing)."""
+    conn.execute("UPDATE fastpubsub.deliveries SET visible_at = now() WHERE status = 'scheduled'")
+
+
+def test_ack_moves_leased_deliveries_to_history(queue: psycopg.Connection) -> None:
+    ids = publish(queue, "t", [{"n": i} for i in range(3)])
+    consume(queue, "s", "w", 2)
+    assert ack(queue, "s", ids) == 2  # the third was never leased
+    remaining = deliveries(queue, "s")
+    assert [row["message_id"] for row in remaining] == ids[2:]
+    acked = queue.execute(
+        "SELECT message_id, attempts, acked_at <= now() FROM fastpubsub.acked_deliveries ORDER BY message_id"
+    ).fetchall()
+    assert acked == [(ids[0], 1, True), (ids[1], 1, True)]
+
+
+def test_ack_is_idempotent_and_ignores_unknown_ids(queue: psycopg.Connection) -> None:
+    ids = publish(queue, "t", [{"n": 1}])
+    consume(queue, "s", "w")
+    unknown = UUID("00000000-0000-7000-8000-000000000000")
+    assert ack(queue, "s", [*ids, unknown, ids[0]]) == 1
+    assert ack(queue, "s", ids) == 0
+    assert count(queue, "acked_deliveries") == 1
+
+
+def test_ack_only_touches_its_own_subscription(queue: psycopg.Connection) -> None:
+    create_subscription(queue, "other", "t")
+    ids = publish(queue, "t", [{"n": 1}])
+    consume(queue, "s", "w")
+    consume(queue, "other", "w")
+    assert ack(queue, "other", ids) == 1
+    assert len(deliveries(queue, "s")) == 1
+
+
+def test_nack_backoff_doubles_from_the_minimum_up_to_the_maximum(queue: psycopg.Connection) -> None:
+    (message_id,) = publish(queue, "t", [{"n": 1}])
+    waits = []
+    for _ in range(5):
+        ((got, _, attempts, _),) = consume(queue, "s", "w")
+        assert got == message_id
+        assert nack(queue, "s", [message_id]) == (1, 0)
+        (row,) = deliveries(queue, "s")
+        now = queue.execute("SELECT now()").fetchone()[0]
+        assert row["status"] == "scheduled"
+        assert row["lease_until"] is None
+        waits.append(round((row["visible_at"] - now).total_seconds()))
+        assert consume(queue, "s", "w") == []  # not before the backoff ends
+        make_due(queue)
+    assert waits == [2, 4, 8, 10, 10]
+    assert attempts == 5
+
+
+def test_nack_at_max_attempts_dead_letters(conn: psycopg.Connection) -> None:
+    create_topic(conn, "t")
+    create_subscription(conn, "s", "t", max_attempts=2, backoff_min=0, backoff_max=0)
+    (message_id,) = publish(conn, "t", [{"n": 1}])
+    consume(conn, "s", "w")
+    assert nack(conn, "s", [message_id]) == (1, 0)
+    ((_, _, attempts, _),) = consume(conn, "s", "w")  # backoff 0: due at once
+    assert attempts == 2
+    assert nack(conn, "s", [message_id]) == (1, 1)
+    (row,) = deliveries(conn, "s")
+    assert row["status"] == "dlq"
+    assert consume(conn, "s", "w") == []
+
+
+def test_nack_ignores_messages_that_are_not_leased(queue: psycopg.Connection) -> None:
+    ids = publish(queue, "t", [{"n": 1}])
+    assert nack(queue, "s", ids) == (0, 0)
+    assert deliveries(queue, "s")[0]["status"] == "available"
+
+
+def test_nack_with_zero_backoff_wakes_listeners(conn: psycopg.Connection, connect) -> None:
+    create_topic(conn, "t")
+    create_subscription(conn, "s", "t", backoff_min=0, backoff_max=0)
+    ids = publish(conn, "t", [{"n": 1}])
+    consume(conn, "s", "w")
+    listener = connect()
+    listener.execute("LISTEN fastpubsub")
+    nack(conn, "s", ids)
+    assert [n.payload for n in listener.notifies(timeout=1, stop_after=1)] == ["s"]
+
+
+def test_retry_keeps_delivery_time_of_stored_backoff(queue: psycopg.Connection) -> None:
+    ids = publish(queue, "t", [{"n": 1}])
+    consume(queue, "s", "w")
+    nack(queue, "s", ids)
+    (row,) = deliveries(queue, "s")
+    assert row["visible_at"] - queue.execute("SELECT now()").fetchone()[0] > timedelta(seconds=1)

@@ -1,0 +1,158 @@
+"""The data-access layer: every operation in one call, driver errors translated."""
+
+from __future__ import annotations
+
+import json
+from uuid import UUID, uuid4
+
+import pytest
+
+from fastpubsub.database import Database, libpq_url, sync_url
+from fastpubsub.embedded import free_port
+from fastpubsub.exceptions import (
+    AlreadyExistsError,
+    DatabaseUnavailableError,
+    InvalidInputError,
+    NotFoundError,
+)
+
+
+async def test_topic_and_subscription_lifecycle(db: Database) -> None:
+    topic = await db.create_topic("orders")
+    assert topic.id == "orders"
+    assert (await db.get_topic("orders")) == topic
+    sub = await db.create_subscription(
+        "emails", "orders", filter={"kind": ["a"]}, max_delivery_attempts=3, ack_deadline_seconds=60
+    )
+    assert (sub.topic_id, sub.filter, sub.max_delivery_attempts, sub.ack_deadline_seconds) == (
+        "orders",
+        {"kind": ["a"]},
+        3,
+        60,
+    )
+    assert (sub.backoff_min_seconds, sub.backoff_max_seconds) == (5, 300)
+    assert (await db.get_subscription("emails")) == sub
+    assert [s.id for s in await db.list_subscriptions()] == ["emails"]
+    await db.delete_subscription("emails")
+    assert await db.list_subscriptions() == []
+    await db.delete_topic("orders")
+    assert await db.list_topics() == []
+
+
+async def test_list_topics_is_paginated(db: Database) -> None:
+    for name in ("c", "a", "b", "d"):
+        await db.create_topic(name)
+    assert [t.id for t in await db.list_topics(0, 2)] == ["a", "b"]
+    assert [t.id for t in await db.list_topics(2, 10)] == ["c", "d"]
+
+
+async def test_message_round_trip(db: Database) -> None:
+    await db.create_topic("t")
+    await db.create_subscription(
+        "s", "t", backoff_min_seconds=0, backoff_max_seconds=0, max_delivery_attempts=2
+    )
+    ids = await db.publish("t", [{"n": 1}, {"n": 2}, {"n": 3}])
+    assert all(isinstance(i, UUID) for i in ids)
+    raw_ids = await db.publish("t", json.dumps([{"raw": True}]))  # JSON text passes straight through
+    messages = await db.consume("s", "w", 10)
+    assert [m.id for m in messages] == ids + raw_ids
+    assert [m.payload for m in messages] == [{"n": 1}, {"n": 2}, {"n": 3}, {"raw": True}]
+    assert {m.attempts for m in messages} == {1}
+    assert await db.extend_lease("s", ids[:1], 120) == 1
+    assert await db.ack("s", ids[:2]) == 2
+    assert (await db.nack("s", ids[2:3])).nacked == 1
+    again = await db.consume("s", "w", 10)
+    assert [(m.id, m.attempts) for m in again] == [(ids[2], 2)]
+    result = await db.nack("s", [ids[2]])
+    assert (result.nacked, result.dead_lettered) == (1, 1)
+    dead = await db.list_dlq("s", 0, 10)
+    assert [m.id for m in dead] == [ids[2]]
+    assert await db.reprocess_dlq("s", [ids[2]]) == 1
+    metrics = await db.subscription_metrics("s")
+    assert (metrics.available, metrics.delivered, metrics.acked, metrics.dlq) == (1, 1, 2, 0)
+    (backlog,) = await db.all_subscription_metrics()
+    assert (backlog.subscription_id, backlog.topic_id) == ("s", "t")
+    assert (backlog.metrics.available, backlog.metrics.acked) == (1, 2)
+    assert backlog.metrics.oldest_available_age_seconds >= metrics.oldest_available_age_seconds
+
+
+async def test_cleanups(db: Database) -> None:
+    await db.create_topic("t")
+    await db.create_subscription("s", "t")
+    ids = await db.publish("t", [{"n": i} for i in range(7)])
+    await db.consume("s", "w", 7)
+    await db.ack("s", ids)
+    batches = []
+    result = await db.cleanup_acked(0, 3, on_batch=batches.append)
+    assert (result.acked_deleted, result.messages_deleted) == (7, 7)
+    assert [b.acked_deleted for b in batches] == [3, 3, 1]
+    assert await db.cleanup_stuck(60) == 0
+
+
+async def test_client_records(db: Database) -> None:
+    client_id = uuid4()
+    client = await db.create_client(client_id, "app", "topics:read", True, "hash-1")
+    assert (client.id, client.name, client.token_version, client.is_active) == (client_id, "app", 1, True)
+    creds = await db.get_client_credentials(client_id)
+    assert creds is not None
+    assert creds.secret_hash == "hash-1"
+    assert await db.get_client_credentials(uuid4()) is None
+    updated = await db.update_client(client_id, "app2", "*", False)
+    assert (updated.name, updated.scopes, updated.is_active, updated.token_version) == ("app2", "*", False, 2)
+    rotated = await db.update_client_secret(client_id, "hash-2")
+    assert rotated.token_version == 3
+    state = await db.client_token_state(client_id)
+    assert state is not None
+    assert (state.is_active, state.token_version) == (False, 3)
+    assert [c.id for c in await db.list_clients()] == [client_id]
+    assert (await db.get_client(client_id)).name == "app2"
+    await db.delete_client(client_id)
+    assert await db.client_token_state(client_id) is None
+    with pytest.raises(NotFoundError):
+        await db.delete_client(client_id)
+    with pytest.raises(NotFoundError):
+        await db.update_client(client_id, "x", "", True)
+
+
+async def test_errors_become_fastpubsub_exceptions(db: Database) -> None:
+    await db.create_topic("t")
+    with pytest.raises(AlreadyExistsError, match='topic "t" already exists'):
+        await db.create_topic("t")
+    with pytest.raises(InvalidInputError, match="id must be 1-128 characters"):
+        await db.create_topic("bad id")
+    with pytest.raises(NotFoundError, match='topic "nope" not found'):
+        await db.publish("nope", [{"a": 1}])
+    with pytest.raises(NotFoundError, match='subscription "nope" not found'):
+        await db.consume("nope", "w", 1)
+    with pytest.raises(NotFoundError):
+        await db.get_subscription("nope")
+    with pytest.raises(InvalidInputError, match="not a JSON object"):
+        await db.publish("t", [{"a": 1}, 2])
+    with pytest.raises(InvalidInputError, match='filter key "k"'):
+        await db.create_subscription("s", "t", filter={"k": "v"})
+    with pytest.raises(InvalidInputError, match="backoff_max_seconds must be >="):
+        await db.create_subscription("s", "t", backoff_min_seconds=10, backoff_max_seconds=1)
+    with pytest.raises(InvalidInputError):
+        await db.ack("t", ["not-a-uuid"])
+    await db.create_subscription("s", "t")
+    with pytest.raises(AlreadyExistsError, match='subscription "s" already exists'):
+        await db.create_subscription("s", "t")
+
+
+async def test_unreachable_database_is_unavailable() -> None:
+    database = Database(f"postgresql://postgres@127.0.0.1:{free_port()}/nowhere")
+    try:
+        with pytest.raises(DatabaseUnavailableError):
+            await database.ping()
+        with pytest.raises(DatabaseUnavailableError):
+            await database.publish("t", [{"a": 1}])
+    finally:
+        await database.close()
+
+
+def test_urls_are_normalised() -> None:
+    assert sync_url("postgres://u:p@h:5/d") == "postgresql+psycopg://u:p@h:5/d"
+    assert sync_url("postgresql+psycopg://u@h/d") == "postgresql+psycopg://u@h/d"
+    assert libpq_url("postgresql+psycopg://u:p@h/d") == "postgresql://u:p@h/d"
+    with pytest.raises(InvalidInputError):
+        sync_url("mysql://u@h/d")

@@ -1,0 +1,73 @@
+"""Migrations: up, all the way down, up again; every SQL file is used."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from pathlib import Path
+
+import psycopg
+
+from fastpubsub import migrate
+from fastpubsub.database import queries
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def schema_objects(url: str) -> dict[str, int]:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            """SELECT
+                 (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                   WHERE n.nspname = 'fastpubsub' AND c.relname <> 'alembic_version'
+                     AND c.relname NOT LIKE 'alembic_version%%'),
+                 (SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+                   WHERE n.nspname = 'fastpubsub'),
+                 (SELECT count(*) FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+                   WHERE n.nspname = 'fastpubsub' AND t.typtype = 'e')"""
+        ).fetchone()
+    assert row is not None
+    return {"relations": row[0], "functions": row[1], "enums": row[2]}
+
+
+def test_upgrade_downgrade_upgrade(pg_server) -> None:
+    name = f"fastpubsub_migrations_{uuid.uuid4().hex[:8]}"
+    url = pg_server.create_database(name)
+    try:
+        migrate.upgrade(url)
+        assert migrate.current_revision(url) == migrate.head_revision()
+        created = schema_objects(url)
+        assert created["relations"] > 0
+        assert created["functions"] > 0
+        assert created["enums"] == 1
+
+        migrate.downgrade(url, "base")
+        assert migrate.current_revision(url) is None
+        assert schema_objects(url) == {"relations": 0, "functions": 0, "enums": 0}
+
+        migrate.upgrade(url)
+        assert schema_objects(url) == created
+        with psycopg.connect(url, autocommit=True) as conn:  # and it works
+            conn.execute("SELECT fastpubsub.create_topic('t')")
+            conn.execute("SELECT fastpubsub.publish('t', '[{\"a\": 1}]')")
+    finally:
+        pg_server.drop_database(name)
+
+
+def test_upgrade_twice_is_a_no_op(database_url: str) -> None:
+    before = schema_objects(database_url)
+    migrate.upgrade(database_url)
+    assert schema_objects(database_url) == before
+
+
+def test_every_sql_file_is_executed_by_a_revision() -> None:
+    revisions = "".join(path.read_text() for path in (ROOT / "migrations" / "versions").glob("*.py"))
+    referenced = set(re.findall(r'execute_sql_file\(__file__, "([^"]+)"\)', revisions))
+    on_disk = {path.name for path in (ROOT / "migrations" / "sql").glob("*.sql")}
+    assert referenced == on_disk
+
+
+def test_every_named_query_is_used() -> None:
+    source = "".join(path.read_text() for path in (ROOT / "fastpubsub").rglob("*.py"))
+    unused = [name for name in queries() if f'"{name}"' not in source]
+    assert unused == []
