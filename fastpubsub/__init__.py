@@ -1,0 +1,3 @@
+"""fastpubsub: publish/subscribe messaging inside PostgreSQL."""
+
+__version__ = "0.1.0"

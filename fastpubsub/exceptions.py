@@ -44,3 +44,11 @@ class EmbeddedDatabaseError(FastPubSubError):
 
 class ConfigurationError(FastPubSubError):
     """The configuration is not valid."""
+
+
+class AuthenticationError(FastPubSubError):
+    """Missing, invalid, expired or revoked credentials."""
+
+
+class PermissionDeniedError(FastPubSubError):
+    """The client's scopes do not allow this."""

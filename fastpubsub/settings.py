@@ -110,10 +110,12 @@ class Settings(BaseSettings):
                 "FASTPUBSUB_AUTH_ENABLED is true but FASTPUBSUB_AUTH_SECRET_KEY is not set; "
                 "create one with `fastpubsub generate-secret-key`"
             )
-        if key.lower() in _PLACEHOLDER_SECRETS or len(key) < 32:
+        # An HMAC key should be as long as the hash: 32, 48 or 64 bytes.
+        minimum = {"HS256": 32, "HS384": 48, "HS512": 64}[self.auth_algorithm]
+        if key.lower() in _PLACEHOLDER_SECRETS or len(key.encode()) < minimum:
             raise ConfigurationError(
-                "FASTPUBSUB_AUTH_SECRET_KEY must be at least 32 characters and not an example value; "
-                "create one with `fastpubsub generate-secret-key`"
+                f"FASTPUBSUB_AUTH_SECRET_KEY must be at least {minimum} bytes for {self.auth_algorithm} "
+                "and not an example value; create one with `fastpubsub generate-secret-key`"
             )
         return key
 

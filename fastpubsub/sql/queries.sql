@@ -116,3 +116,6 @@ DELETE FROM fastpubsub.clients WHERE id = :id RETURNING id
 
 -- client_token_state --
 SELECT is_active, token_version FROM fastpubsub.clients WHERE id = :id
+
+-- next_due --
+SELECT fastpubsub.next_due(:subscription_id) AS seconds

@@ -9,6 +9,7 @@ DROP FUNCTION fastpubsub._settle_exhausted(fastpubsub.subscriptions);
 DROP FUNCTION fastpubsub.extend_lease(text, uuid[], integer);
 DROP FUNCTION fastpubsub.nack(text, uuid[]);
 DROP FUNCTION fastpubsub.ack(text, uuid[]);
+DROP FUNCTION fastpubsub.next_due(text);
 DROP FUNCTION fastpubsub.consume(text, text, integer);
 DROP FUNCTION fastpubsub.publish(text, jsonb);
 DROP FUNCTION fastpubsub.delete_subscription(text);

@@ -611,6 +611,31 @@ $$;
 -- A row is leased while it has a lease (run out or not: until someone else
 -- takes it, the holder may still ack or nack it).
 
+-- Seconds until something becomes deliverable without a new publish (a retry
+-- backoff or a lease ending), or NULL. Long-polling consumers sleep this long
+-- at most when consume found nothing; then every available row is leased, so
+-- the scan below is bounded by the messages in flight.
+CREATE FUNCTION fastpubsub.next_due(p_subscription_id text)
+RETURNS double precision
+LANGUAGE plpgsql STABLE
+SET enable_sort = off
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+    s fastpubsub.subscriptions := fastpubsub._subscription(p_subscription_id);
+    v_at timestamptz;
+BEGIN
+    SELECT least(
+        (SELECT d.visible_at FROM fastpubsub.deliveries AS d
+         WHERE d.subscription_key = s.key AND d.status = 'scheduled'
+         ORDER BY d.visible_at LIMIT 1),
+        (SELECT min(d.lease_until) FROM fastpubsub.deliveries AS d
+         WHERE d.subscription_key = s.key AND d.status = 'available' AND d.seq >= s.consume_from))
+    INTO v_at;
+    RETURN greatest(extract(epoch FROM v_at - now())::double precision, 0);
+END
+$$;
+
 -- Acknowledge leased messages; other ids are ignored. Returns how many were acked.
 CREATE FUNCTION fastpubsub.ack(p_subscription_id text, p_ids uuid[])
 RETURNS integer

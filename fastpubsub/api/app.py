@@ -1,0 +1,119 @@
+"""The HTTP application: a thin async layer over the broker functions in PostgreSQL."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.routing import APIRoute
+from prometheus_client import CollectorRegistry
+from prometheus_fastapi_instrumentator import Instrumentator
+
+from fastpubsub import __version__
+from fastpubsub.api import errors
+from fastpubsub.api.deps import ClientStateCache
+from fastpubsub.api.metrics import MetricsExporter
+from fastpubsub.api.middleware import BodyLimit, RequestContext
+from fastpubsub.api.routers import clients, health, oauth, subscriptions, topics
+from fastpubsub.database import Database, NotificationListener
+from fastpubsub.exceptions import ConfigurationError
+from fastpubsub.logs import configure_logging
+from fastpubsub.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+DESCRIPTION = """
+Publish/subscribe messaging inside PostgreSQL: topics, filtered fan-out, leases,
+retries with exponential backoff, dead-letter queues and scoped OAuth2 access.
+
+**Ids.** Topic and subscription ids are 1-128 letters, digits, `.`, `_` or `-`,
+starting with a letter or digit. Message and client ids are UUIDs.
+
+**Errors.** Every error answer is JSON with a `detail` field: 401 (token missing,
+invalid, expired or revoked), 403 (scope missing), 404, 409, 413 (message or
+request too large), 422 (invalid input) and 503 (database unreachable; retry).
+"""
+
+
+def _operation_id(route: APIRoute) -> str:
+    """Stable operation ids: the endpoint function's name."""
+    return route.name
+
+
+def create_app(settings: Settings | None = None, database: Database | None = None) -> FastAPI:
+    """Build the API. Refuses to start with auth on and no usable signing key."""
+    settings = settings or get_settings()
+    if settings.auth_enabled:
+        settings.require_auth_secret()
+    if database is None and not settings.database_url:
+        raise ConfigurationError(
+            "FASTPUBSUB_DATABASE_URL is not set; `fastpubsub dev` runs the API on an embedded PostgreSQL"
+        )
+    owns_database = database is None
+    db = database or Database(
+        settings.database_url or "",
+        pool_size=settings.database_pool_size,
+        max_overflow=settings.database_max_overflow,
+        pool_pre_ping=settings.database_pool_pre_ping,
+        echo=settings.database_echo,
+        statement_timeout_ms=settings.database_statement_timeout_ms,
+    )
+    listener = NotificationListener(db.url, on_reconnect=db.discard_idle_connections)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await listener.start()
+        log.info("fastpubsub API ready", extra={"auth_enabled": settings.auth_enabled})
+        try:
+            yield
+        finally:
+            await listener.stop()
+            if owns_database:
+                await db.close()
+
+    app = FastAPI(
+        title="fastpubsub",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        generate_unique_id_function=_operation_id,
+        debug=settings.api_debug,
+        swagger_ui_init_oauth={"clientId": "", "scopes": "*", "usePkceWithAuthorizationCodeGrant": False},
+    )
+    app.state.settings = settings
+    app.state.database = db
+    app.state.listener = listener
+    app.state.client_cache = ClientStateCache(ttl=settings.auth_client_cache_seconds)
+    # HTTP metrics go to a registry of this application's own, so that several
+    # applications in one process (the tests) each count their requests.
+    http_registry = CollectorRegistry(auto_describe=True)
+    app.state.metrics = MetricsExporter(db, http_registry)
+
+    errors.install(app)
+    for router in (oauth.router, clients.router, topics.router, subscriptions.router, health.router):
+        app.include_router(router)
+
+    Instrumentator(
+        excluded_handlers=["/metrics"], should_group_status_codes=False, registry=http_registry
+    ).instrument(app)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=["X-Request-ID"],
+        )
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(RequestContext)
+    return app
+
+
+def create_app_from_environment() -> FastAPI:
+    """Entry point for gunicorn/uvicorn workers: settings and logging from the environment."""
+    settings = get_settings()
+    configure_logging(settings.log_level, settings.log_format)
+    return create_app(settings)

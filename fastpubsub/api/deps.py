@@ -1,0 +1,117 @@
+"""Shared dependencies: the database, the listener, settings and the calling client."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Annotated
+from uuid import UUID
+
+from fastapi import Depends, Request, Security
+from fastapi.openapi.models import OAuthFlowClientCredentials, OAuthFlows
+from fastapi.security import OAuth2
+
+from fastpubsub import auth
+from fastpubsub.database import Database, NotificationListener
+from fastpubsub.exceptions import AuthenticationError, PermissionDeniedError
+from fastpubsub.settings import Settings
+
+oauth2_scheme = OAuth2(
+    flows=OAuthFlows(
+        clientCredentials=OAuthFlowClientCredentials(tokenUrl="oauth/token", scopes=auth.SCOPE_DESCRIPTIONS)
+    ),
+    scheme_name="OAuth2ClientCredentials",
+    description="OAuth2 client credentials: exchange a client id and secret for a bearer token.",
+    auto_error=False,
+)
+
+
+@dataclass
+class ClientStateCache:
+    """Whether a client is active and its token version, cached briefly per process.
+
+    Revocation (update, disable, delete, secret rotation) takes effect within the
+    cache lifetime (at most 5 s by configuration) without a database lookup on
+    every request.
+    """
+
+    ttl: float
+    _entries: dict[UUID, tuple[float, bool, int]] = field(default_factory=dict)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def is_current(self, db: Database, claims: auth.TokenClaims) -> bool:
+        now = time.monotonic()
+        entry = self._entries.get(claims.client_id)
+        if entry is None or entry[0] <= now:
+            state = await db.client_token_state(claims.client_id)
+            entry = (
+                now + self.ttl,
+                state is not None and state.is_active,
+                state.token_version if state else -1,
+            )
+            if len(self._entries) > 10000:
+                self._entries.clear()
+            self._entries[claims.client_id] = entry
+        return entry[1] and entry[2] == claims.token_version
+
+    def forget(self, client_id: UUID) -> None:
+        self._entries.pop(client_id, None)
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: a client and its scopes (everything when auth is off)."""
+
+    client_id: UUID | None
+    scopes: frozenset[str]
+
+    def require(self, scope: str, object_id: str | None = None) -> None:
+        if not auth.grants(self.scopes, scope, object_id):
+            target = f" on {object_id}" if object_id else ""
+            raise PermissionDeniedError(f'this requires the scope "{scope}"{target}')
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_database(request: Request) -> Database:
+    database: Database = request.app.state.database
+    return database
+
+
+def get_listener(request: Request) -> NotificationListener:
+    listener: NotificationListener = request.app.state.listener
+    return listener
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+DatabaseDep = Annotated[Database, Depends(get_database)]
+ListenerDep = Annotated[NotificationListener, Depends(get_listener)]
+
+_EVERYTHING = Principal(client_id=None, scopes=frozenset({auth.ADMIN_SCOPE}))
+
+
+async def get_principal(
+    request: Request,
+    settings: SettingsDep,
+    database: DatabaseDep,
+    authorization: Annotated[str | None, Security(oauth2_scheme)],
+) -> Principal:
+    if not settings.auth_enabled:
+        return _EVERYTHING
+    if not authorization:
+        raise AuthenticationError("an access token is required: Authorization: Bearer <token>")
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise AuthenticationError("the Authorization header must be 'Bearer <token>'")
+    claims = auth.decode_token(settings, token.strip())
+    cache: ClientStateCache = request.app.state.client_cache
+    if not await cache.is_current(database, claims):
+        raise AuthenticationError("the access token has been revoked")
+    return Principal(client_id=claims.client_id, scopes=claims.scopes)
+
+
+PrincipalDep = Annotated[Principal, Depends(get_principal)]

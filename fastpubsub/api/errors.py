@@ -1,0 +1,106 @@
+"""One place that turns fastpubsub errors into HTTP answers: JSON with `detail`, never a traceback."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from fastpubsub.exceptions import (
+    AlreadyExistsError,
+    AuthenticationError,
+    DatabaseUnavailableError,
+    FastPubSubError,
+    InvalidInputError,
+    NotFoundError,
+    PayloadTooLargeError,
+    PermissionDeniedError,
+)
+from fastpubsub.logs import request_id
+
+log = logging.getLogger(__name__)
+
+STATUS = {
+    NotFoundError: 404,
+    AlreadyExistsError: 409,
+    InvalidInputError: 422,
+    PayloadTooLargeError: 413,
+    DatabaseUnavailableError: 503,
+    AuthenticationError: 401,
+    PermissionDeniedError: 403,
+}
+
+DESCRIPTIONS = {
+    400: "Malformed request",
+    401: "Missing, invalid, expired or revoked access token",
+    403: "The token's scopes do not allow this",
+    404: "No such object",
+    409: "An object with this id already exists",
+    413: "A message or the request is larger than the configured limit",
+    415: "Unsupported content type",
+    422: "Invalid input",
+    503: "The database is unreachable; retry shortly",
+}
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries for the error answers an endpoint can give (503 always can)."""
+    from fastpubsub.api.schemas import ErrorBody
+
+    return {code: {"model": ErrorBody, "description": DESCRIPTIONS[code]} for code in (*codes, 503)}
+
+
+def status_for(exc: FastPubSubError) -> int:
+    for kind, status in STATUS.items():
+        if isinstance(exc, kind):
+            return status
+    return 500
+
+
+def error_response(status: int, detail: Any, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+
+
+async def _fastpubsub_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, FastPubSubError)
+    status = status_for(exc)
+    headers = None
+    if status == 401:
+        headers = {"WWW-Authenticate": 'Bearer error="invalid_token"'}
+    elif status == 503:
+        headers = {"Retry-After": "1"}
+        log.warning("database unavailable: %s", exc.__cause__ or exc)
+    elif status == 500:
+        log.error("unexpected error", exc_info=exc)
+        return error_response(500, "internal error; see the server log for request " + str(request_id.get()))
+    return error_response(status, exc.message, headers)
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    problems = []
+    for error in exc.errors():
+        problem = {key: error[key] for key in ("loc", "msg", "type") if key in error}
+        problems.append(problem)
+    return error_response(422, problems)
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    return error_response(exc.status_code, exc.detail, getattr(exc, "headers", None))
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    log.error("unexpected error", exc_info=exc)
+    return error_response(500, "internal error; see the server log for request " + str(request_id.get()))
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(FastPubSubError, _fastpubsub_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected_error)

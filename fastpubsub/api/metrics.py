@@ -1,0 +1,82 @@
+"""Prometheus metrics: HTTP metrics, broker counters and per-subscription backlog gauges.
+
+Counters live in each worker process; with several gunicorn workers
+(PROMETHEUS_MULTIPROC_DIR set by `fastpubsub server`) they are summed across
+workers at scrape time. Backlog gauges come straight from the database when
+scraped, so every worker reports the same, correct values.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import REGISTRY, Collector
+
+from fastpubsub.database import Database
+from fastpubsub.models import SubscriptionBacklog
+
+PUBLISHED = Counter("fastpubsub_messages_published_total", "Messages published", ["topic"])
+CONSUMED = Counter("fastpubsub_messages_consumed_total", "Messages leased to consumers", ["subscription"])
+ACKED = Counter("fastpubsub_messages_acked_total", "Messages acknowledged", ["subscription"])
+NACKED = Counter("fastpubsub_messages_nacked_total", "Messages negatively acknowledged", ["subscription"])
+DEAD_LETTERED = Counter(
+    "fastpubsub_messages_dead_lettered_total", "Messages moved to the DLQ by a nack", ["subscription"]
+)
+
+_STATES = ("available", "delivered", "delayed", "acked", "dlq")
+
+
+class _Backlog(Collector):
+    def __init__(self, rows: Iterable[SubscriptionBacklog]) -> None:
+        self.rows = list(rows)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        messages = GaugeMetricFamily(
+            "fastpubsub_subscription_messages",
+            "Messages of a subscription by state (from the database)",
+            labels=["subscription", "topic", "state"],
+        )
+        age = GaugeMetricFamily(
+            "fastpubsub_subscription_oldest_available_age_seconds",
+            "Age of the oldest deliverable message (consumer lag)",
+            labels=["subscription", "topic"],
+        )
+        for row in self.rows:
+            for state in _STATES:
+                messages.add_metric([row.subscription_id, row.topic_id, state], getattr(row.metrics, state))
+            age.add_metric([row.subscription_id, row.topic_id], row.metrics.oldest_available_age_seconds)
+        yield messages
+        yield age
+
+
+class MetricsExporter:
+    """Renders /metrics; backlog figures are cached briefly so scrapes stay cheap."""
+
+    def __init__(
+        self, database: Database, http_registry: CollectorRegistry, cache_seconds: float = 5.0
+    ) -> None:
+        self.database = database
+        self.http_registry = http_registry
+        self.cache_seconds = cache_seconds
+        self._backlog: list[SubscriptionBacklog] = []
+        self._fetched_at = 0.0
+
+    async def render(self) -> bytes:
+        now = time.monotonic()
+        if now - self._fetched_at >= self.cache_seconds:
+            self._backlog = await self.database.all_subscription_metrics()
+            self._fetched_at = now
+        registry = CollectorRegistry()
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+            body = generate_latest(registry)
+        else:
+            body = generate_latest(REGISTRY) + generate_latest(self.http_registry)
+        backlog_registry = CollectorRegistry()
+        backlog_registry.register(_Backlog(self._backlog))
+        return body + generate_latest(backlog_registry)

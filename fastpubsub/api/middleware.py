@@ -1,0 +1,106 @@
+"""Pure ASGI middleware (cheap on every request): request ids, request log, body size limit."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+
+import orjson
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from fastpubsub.exceptions import PayloadTooLargeError
+from fastpubsub.logs import request_id
+
+log = logging.getLogger("fastpubsub.http")
+_VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,200}$")
+
+
+class RequestContext:
+    """Honour or assign X-Request-ID, return it, and log each request once.
+
+    Successful requests are logged at debug level only: the hot paths must not
+    pay for a log line per request at info.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        incoming = next((v for k, v in scope["headers"] if k == b"x-request-id"), None)
+        rid = incoming.decode("latin-1") if incoming else ""
+        if not _VALID_REQUEST_ID.match(rid):
+            rid = uuid.uuid4().hex
+        token = request_id.set(rid)
+        started = time.perf_counter()
+        status = 500
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", rid.encode())]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            level = logging.ERROR if status >= 500 else logging.DEBUG
+            if log.isEnabledFor(level):
+                log.log(
+                    level,
+                    "%s %s %s",
+                    scope["method"],
+                    scope["path"],
+                    status,
+                    extra={"status": status, "duration_ms": round((time.perf_counter() - started) * 1000, 2)},
+                )
+            request_id.reset(token)
+
+
+class BodyLimit:
+    """Refuse request bodies larger than `max_bytes` with 413, before reading them whole."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._refuse(send)
+            return
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    # Handled like any fastpubsub error: a 413 with a JSON detail.
+                    raise PayloadTooLargeError(f"request body is larger than {self.max_bytes} bytes")
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+    async def _refuse(self, send: Send) -> None:
+        body = orjson.dumps({"detail": f"request body is larger than {self.max_bytes} bytes"})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,41 @@
+"""Probes and Prometheus metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+
+from fastpubsub.api.deps import DatabaseDep
+from fastpubsub.api.errors import error_response
+from fastpubsub.api.schemas import ErrorBody, Status
+from fastpubsub.exceptions import DatabaseUnavailableError
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get("/liveness", summary="The process is alive (always 200)")
+async def liveness() -> Status:
+    return Status(status="alive")
+
+
+@router.get(
+    "/readiness",
+    summary="The database answers (200) or not (503)",
+    responses={503: {"model": ErrorBody, "description": "The database is unreachable"}},
+)
+async def readiness(database: DatabaseDep) -> Status:
+    try:
+        await database.ping()
+    except DatabaseUnavailableError:
+        return error_response(503, "database is down")  # type: ignore[return-value]
+    return Status(status="ready")
+
+
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics: HTTP, broker counters and subscription backlogs",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}},
+)
+async def metrics(request: Request) -> Response:
+    body = await request.app.state.metrics.render()
+    return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -1,0 +1,298 @@
+"""Subscriptions: administration, consuming (with long-poll), acks, nacks, leases, DLQ, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+from uuid import UUID
+
+import orjson
+from fastapi import APIRouter, Body, Path, Query, Response
+
+from fastpubsub.api.deps import DatabaseDep, ListenerDep, PrincipalDep, SettingsDep
+from fastpubsub.api.errors import error_responses
+from fastpubsub.api.metrics import ACKED, CONSUMED, DEAD_LETTERED, NACKED
+from fastpubsub.api.schemas import (
+    ID_DESCRIPTION,
+    ID_PATTERN,
+    ConsumerId,
+    LeaseExtension,
+    MessageOut,
+    MetricsOut,
+    Page,
+    SubscriptionCreate,
+    SubscriptionOut,
+)
+from fastpubsub.database import Database, NotificationListener
+from fastpubsub.models import Message, Subscription
+
+router = APIRouter(prefix="/subscriptions", tags=["subscriptions"])
+
+SubscriptionId = Annotated[str, Path(pattern=ID_PATTERN, description=ID_DESCRIPTION)]
+Offset = Annotated[int, Query(ge=0, le=10_000_000)]
+Limit = Annotated[int, Query(ge=1, le=1000)]
+IdList = Annotated[
+    list[UUID],
+    Body(max_length=1000, description="Message ids", examples=[["550e8400-e29b-41d4-a716-446655440000"]]),
+]
+
+# Long-polls re-check at least this often while the notification listener is
+# disconnected (it cannot wake them then).
+_DEGRADED_RECHECK_SECONDS = 1.0
+
+
+def _out(s: Subscription) -> SubscriptionOut:
+    return SubscriptionOut(
+        id=s.id,
+        topic_id=s.topic_id,
+        filter=s.filter,
+        max_delivery_attempts=s.max_delivery_attempts,
+        backoff_min_seconds=s.backoff_min_seconds,
+        backoff_max_seconds=s.backoff_max_seconds,
+        ack_deadline_seconds=s.ack_deadline_seconds,
+        created_at=s.created_at,
+        updated_at=s.updated_at,
+    )
+
+
+def _messages_json(subscription_id: str, messages: list[Message]) -> bytes:
+    """The consume answer, rendered in one go (the hottest response of the API)."""
+    return orjson.dumps(
+        {
+            "data": [
+                {
+                    "id": m.id,
+                    "subscription_id": subscription_id,
+                    "payload": m.payload,
+                    "delivery_attempts": m.attempts,
+                    "created_at": m.created_at,
+                }
+                for m in messages
+            ]
+        },
+        option=orjson.OPT_UTC_Z,
+    )
+
+
+@router.post(
+    "", status_code=201, summary="Create a subscription", responses=error_responses(401, 403, 404, 409, 422)
+)
+async def create_subscription(
+    body: SubscriptionCreate, database: DatabaseDep, principal: PrincipalDep, settings: SettingsDep
+) -> SubscriptionOut:
+    principal.require("subscriptions:create", body.id)
+    subscription = await database.create_subscription(
+        body.id,
+        body.topic_id,
+        filter=body.filter,
+        max_delivery_attempts=body.max_delivery_attempts or settings.subscription_max_attempts,
+        backoff_min_seconds=(
+            body.backoff_min_seconds
+            if body.backoff_min_seconds is not None
+            else settings.subscription_backoff_min_seconds
+        ),
+        backoff_max_seconds=(
+            body.backoff_max_seconds
+            if body.backoff_max_seconds is not None
+            else max(settings.subscription_backoff_max_seconds, body.backoff_min_seconds or 0)
+        ),
+        ack_deadline_seconds=body.ack_deadline_seconds or settings.subscription_ack_deadline_seconds,
+    )
+    return _out(subscription)
+
+
+@router.get("", summary="List subscriptions", responses=error_responses(401, 403, 422))
+async def list_subscriptions(
+    database: DatabaseDep, principal: PrincipalDep, offset: Offset = 0, limit: Limit = 10
+) -> Page[SubscriptionOut]:
+    principal.require("subscriptions:read")
+    return Page[SubscriptionOut](data=[_out(s) for s in await database.list_subscriptions(offset, limit)])
+
+
+@router.get("/{subscription_id}", summary="Get a subscription", responses=error_responses(401, 403, 404, 422))
+async def get_subscription(
+    subscription_id: SubscriptionId, database: DatabaseDep, principal: PrincipalDep
+) -> SubscriptionOut:
+    principal.require("subscriptions:read", subscription_id)
+    return _out(await database.get_subscription(subscription_id))
+
+
+@router.delete(
+    "/{subscription_id}",
+    status_code=204,
+    summary="Delete a subscription and its pending messages",
+    responses=error_responses(401, 403, 404, 422),
+)
+async def delete_subscription(
+    subscription_id: SubscriptionId, database: DatabaseDep, principal: PrincipalDep
+) -> Response:
+    principal.require("subscriptions:delete", subscription_id)
+    await database.delete_subscription(subscription_id)
+    return Response(status_code=204)
+
+
+async def consume_waiting(
+    database: Database,
+    listener: NotificationListener,
+    subscription_id: str,
+    consumer_id: str,
+    batch_size: int,
+    wait_seconds: float,
+) -> list[Message]:
+    """Lease messages; with nothing to lease, wait (up to wait_seconds) until something may be.
+
+    The waiter is registered before each consume, so a publish that lands in
+    between still wakes it. Besides notifications, it wakes when a retry backoff
+    or a lease ends (next_due) and, while the listener is disconnected, every second.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_seconds
+    with listener.waiter(subscription_id) as woken:
+        while True:
+            woken.clear()
+            messages = await database.consume(subscription_id, consumer_id, batch_size)
+            remaining = deadline - loop.time()
+            if messages or remaining <= 0:
+                return messages
+            timeout = remaining
+            due = await database.next_due(subscription_id)
+            if due is not None:
+                timeout = min(timeout, due + 0.005)
+            if not listener.connected.is_set():
+                timeout = min(timeout, _DEGRADED_RECHECK_SECONDS)
+            try:
+                await asyncio.wait_for(woken.wait(), timeout)
+            except TimeoutError:
+                if loop.time() >= deadline:
+                    return []
+
+
+@router.get(
+    "/{subscription_id}/messages",
+    summary="Consume: lease up to batch_size messages",
+    description="Leases messages to `consumer_id` for the subscription's ack deadline. With "
+    "`wait_seconds` > 0 and nothing to deliver, the request waits until a message arrives "
+    "(answering as soon as one is leased) or the wait ends (answering with empty `data`).",
+    response_model=Page[MessageOut],
+    responses=error_responses(401, 403, 404, 422),
+)
+async def consume_messages(
+    subscription_id: SubscriptionId,
+    database: DatabaseDep,
+    listener: ListenerDep,
+    principal: PrincipalDep,
+    consumer_id: Annotated[ConsumerId, Query(description="Who holds the leases")],
+    batch_size: Annotated[int, Query(ge=1, le=100)] = 10,
+    wait_seconds: Annotated[float, Query(ge=0, le=30, description="Long-poll up to this long")] = 0,
+) -> Response:
+    principal.require("subscriptions:consume", subscription_id)
+    if wait_seconds > 0:
+        messages = await consume_waiting(
+            database, listener, subscription_id, consumer_id, batch_size, wait_seconds
+        )
+    else:
+        messages = await database.consume(subscription_id, consumer_id, batch_size)
+    if messages:
+        CONSUMED.labels(subscription_id).inc(len(messages))
+    return Response(_messages_json(subscription_id, messages), media_type="application/json")
+
+
+@router.post(
+    "/{subscription_id}/acks",
+    status_code=204,
+    summary="Acknowledge leased messages",
+    description="Ids that are not currently leased on this subscription are ignored.",
+    responses=error_responses(401, 403, 404, 422),
+)
+async def ack_messages(
+    subscription_id: SubscriptionId, ids: IdList, database: DatabaseDep, principal: PrincipalDep
+) -> Response:
+    principal.require("subscriptions:consume", subscription_id)
+    if ids:
+        ACKED.labels(subscription_id).inc(await database.ack(subscription_id, ids))
+    return Response(status_code=204)
+
+
+@router.post(
+    "/{subscription_id}/nacks",
+    status_code=204,
+    summary="Give leased messages back for a retry after backoff (or to the DLQ)",
+    responses=error_responses(401, 403, 404, 422),
+)
+async def nack_messages(
+    subscription_id: SubscriptionId, ids: IdList, database: DatabaseDep, principal: PrincipalDep
+) -> Response:
+    principal.require("subscriptions:consume", subscription_id)
+    if ids:
+        result = await database.nack(subscription_id, ids)
+        NACKED.labels(subscription_id).inc(result.nacked)
+        DEAD_LETTERED.labels(subscription_id).inc(result.dead_lettered)
+    return Response(status_code=204)
+
+
+@router.post(
+    "/{subscription_id}/leases",
+    status_code=204,
+    summary="Extend (or end) the lease of messages still being processed",
+    responses=error_responses(401, 403, 404, 422),
+)
+async def extend_leases(
+    subscription_id: SubscriptionId, body: LeaseExtension, database: DatabaseDep, principal: PrincipalDep
+) -> Response:
+    principal.require("subscriptions:consume", subscription_id)
+    await database.extend_lease(subscription_id, body.ids, body.seconds)
+    return Response(status_code=204)
+
+
+@router.get(
+    "/{subscription_id}/dlq",
+    summary="List dead-lettered messages, oldest first",
+    response_model=Page[MessageOut],
+    responses=error_responses(401, 403, 404, 422),
+)
+async def list_dlq(
+    subscription_id: SubscriptionId,
+    database: DatabaseDep,
+    principal: PrincipalDep,
+    offset: Offset = 0,
+    limit: Limit = 10,
+) -> Response:
+    principal.require("subscriptions:consume", subscription_id)
+    messages = await database.list_dlq(subscription_id, offset, limit)
+    return Response(_messages_json(subscription_id, messages), media_type="application/json")
+
+
+@router.post(
+    "/{subscription_id}/dlq/reprocess",
+    status_code=204,
+    summary="Make dead-lettered messages deliverable again (attempts reset)",
+    responses=error_responses(401, 403, 404, 422),
+)
+async def reprocess_dlq(
+    subscription_id: SubscriptionId, ids: IdList, database: DatabaseDep, principal: PrincipalDep
+) -> Response:
+    principal.require("subscriptions:consume", subscription_id)
+    if ids:
+        await database.reprocess_dlq(subscription_id, ids)
+    return Response(status_code=204)
+
+
+@router.get(
+    "/{subscription_id}/metrics",
+    summary="Message counts and consumer lag of a subscription",
+    responses=error_responses(401, 403, 404, 422),
+)
+async def subscription_metrics(
+    subscription_id: SubscriptionId, database: DatabaseDep, principal: PrincipalDep
+) -> MetricsOut:
+    principal.require("subscriptions:read", subscription_id)
+    m = await database.subscription_metrics(subscription_id)
+    return MetricsOut(
+        subscription_id=subscription_id,
+        available=m.available,
+        delivered=m.delivered,
+        delayed=m.delayed,
+        acked=m.acked,
+        dlq=m.dlq,
+        oldest_available_age_seconds=m.oldest_available_age_seconds,
+    )

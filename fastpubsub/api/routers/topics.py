@@ -1,0 +1,117 @@
+"""Topics and publishing."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import orjson
+from fastapi import APIRouter, Path, Query, Request, Response
+
+from fastpubsub.api.deps import DatabaseDep, PrincipalDep, SettingsDep
+from fastpubsub.api.errors import error_responses
+from fastpubsub.api.metrics import PUBLISHED
+from fastpubsub.api.schemas import ID_DESCRIPTION, ID_PATTERN, Page, TopicCreate, TopicOut
+from fastpubsub.exceptions import InvalidInputError, PayloadTooLargeError
+
+router = APIRouter(prefix="/topics", tags=["topics"])
+
+TopicId = Annotated[str, Path(pattern=ID_PATTERN, description=ID_DESCRIPTION)]
+Offset = Annotated[int, Query(ge=0, le=10_000_000)]
+Limit = Annotated[int, Query(ge=1, le=1000)]
+
+_PUBLISH_BODY = {
+    "required": True,
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "array",
+                "minItems": 1,
+                "items": {"type": "object", "additionalProperties": True},
+                "description": "Messages: each a JSON object. All are stored, or none.",
+            },
+            "example": [
+                {"event": "user.created", "user_id": "123", "country": "BR"},
+                {"event": "user.updated", "user_id": "456", "country": "US"},
+            ],
+        }
+    },
+}
+
+
+@router.post("", status_code=201, summary="Create a topic", responses=error_responses(401, 403, 409, 422))
+async def create_topic(body: TopicCreate, database: DatabaseDep, principal: PrincipalDep) -> TopicOut:
+    principal.require("topics:create", body.id)
+    topic = await database.create_topic(body.id)
+    return TopicOut(id=topic.id, created_at=topic.created_at)
+
+
+@router.get("", summary="List topics", responses=error_responses(401, 403, 422))
+async def list_topics(
+    database: DatabaseDep, principal: PrincipalDep, offset: Offset = 0, limit: Limit = 10
+) -> Page[TopicOut]:
+    principal.require("topics:read")
+    topics = await database.list_topics(offset, limit)
+    return Page[TopicOut](data=[TopicOut(id=t.id, created_at=t.created_at) for t in topics])
+
+
+@router.get("/{topic_id}", summary="Get a topic", responses=error_responses(401, 403, 404, 422))
+async def get_topic(topic_id: TopicId, database: DatabaseDep, principal: PrincipalDep) -> TopicOut:
+    principal.require("topics:read", topic_id)
+    topic = await database.get_topic(topic_id)
+    return TopicOut(id=topic.id, created_at=topic.created_at)
+
+
+@router.delete(
+    "/{topic_id}",
+    status_code=204,
+    summary="Delete a topic with its subscriptions and messages",
+    responses=error_responses(401, 403, 404, 422),
+)
+async def delete_topic(topic_id: TopicId, database: DatabaseDep, principal: PrincipalDep) -> Response:
+    principal.require("topics:delete", topic_id)
+    await database.delete_topic(topic_id)
+    return Response(status_code=204)
+
+
+def check_message_sizes(body: bytes, max_message_bytes: int) -> None:
+    """Refuse a publish holding any message above the limit (only parsed when it could)."""
+    if len(body) <= max_message_bytes:
+        return
+    try:
+        messages: Any = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInputError(f"the body is not valid JSON: {exc}") from exc
+    if isinstance(messages, list):
+        for index, message in enumerate(messages):
+            size = len(orjson.dumps(message))
+            if size > max_message_bytes:
+                raise PayloadTooLargeError(
+                    f"message at index {index} is {size} bytes, above the limit of {max_message_bytes}; "
+                    "nothing was published"
+                )
+
+
+@router.post(
+    "/{topic_id}/messages",
+    status_code=204,
+    summary="Publish messages (a JSON array of objects)",
+    description="Stores every message and fans it out to each subscription whose filter matches, "
+    "all in one transaction: a 204 means every message is committed; any error means none is.",
+    openapi_extra={"requestBody": _PUBLISH_BODY},
+    responses=error_responses(401, 403, 404, 413, 422),
+)
+async def publish_messages(
+    topic_id: TopicId, request: Request, database: DatabaseDep, principal: PrincipalDep, settings: SettingsDep
+) -> Response:
+    principal.require("topics:publish", topic_id)
+    body = await request.body()
+    check_message_sizes(body, settings.max_message_bytes)
+    # The body goes to PostgreSQL as it came: the database parses and checks it
+    # once (an array of objects, or nothing is stored).
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInputError("the body must be UTF-8 encoded JSON") from exc
+    ids = await database.publish(topic_id, text)
+    PUBLISHED.labels(topic_id).inc(len(ids))
+    return Response(status_code=204)

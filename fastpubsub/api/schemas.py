@@ -1,0 +1,134 @@
+"""Request and response bodies of the HTTP API."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Generic, Literal, TypeVar
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+T = TypeVar("T")
+
+# The one pattern for topic and subscription ids (also enforced in the database).
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+ID_DESCRIPTION = "1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
+
+ObjectId = Annotated[str, StringConstraints(pattern=ID_PATTERN), Field(description=ID_DESCRIPTION)]
+ConsumerId = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+MessageIds = Annotated[list[UUID], Field(min_length=1, max_length=1000)]
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorBody(BaseModel):
+    detail: Any = Field(description="What went wrong (a list of problems for validation errors)")
+
+
+class Page(BaseModel, Generic[T]):
+    data: list[T]
+
+
+# -- topics -------------------------------------------------------------------
+class TopicCreate(Body):
+    id: ObjectId
+
+
+class TopicOut(BaseModel):
+    id: str
+    created_at: datetime
+
+
+# -- subscriptions ------------------------------------------------------------
+class SubscriptionCreate(Body):
+    id: ObjectId
+    topic_id: ObjectId
+    filter: dict[str, Any] | None = Field(
+        default=None,
+        description='Messages to deliver, e.g. {"country": ["BR", "US"]}; null or {} delivers everything',
+        examples=[{"country": ["BR", "US"]}],
+    )
+    max_delivery_attempts: int | None = Field(default=None, ge=1, le=1000)
+    backoff_min_seconds: int | None = Field(default=None, ge=0, le=86400)
+    backoff_max_seconds: int | None = Field(default=None, ge=0, le=86400)
+    ack_deadline_seconds: int | None = Field(default=None, ge=1, le=3600, description="Lease length")
+
+
+class SubscriptionOut(BaseModel):
+    id: str
+    topic_id: str
+    filter: dict[str, Any] | None
+    max_delivery_attempts: int
+    backoff_min_seconds: int
+    backoff_max_seconds: int
+    ack_deadline_seconds: int
+    created_at: datetime
+    updated_at: datetime
+
+
+# -- messages -----------------------------------------------------------------
+class MessageOut(BaseModel):
+    id: UUID
+    subscription_id: str
+    payload: dict[str, Any]
+    delivery_attempts: int
+    created_at: datetime
+
+
+class LeaseExtension(Body):
+    ids: MessageIds
+    seconds: int = Field(ge=0, le=3600, description="New lease length from now; 0 releases the messages")
+
+
+class MetricsOut(BaseModel):
+    subscription_id: str
+    available: int = Field(description="Deliverable now")
+    delivered: int = Field(description="Leased to a consumer (in flight)")
+    delayed: int = Field(description="Waiting for a retry backoff to end")
+    acked: int = Field(description="Acked and not cleaned up yet")
+    dlq: int = Field(description="Dead-lettered")
+    oldest_available_age_seconds: float = Field(description="Age of the oldest deliverable message")
+
+
+# -- clients and tokens -------------------------------------------------------
+class ClientCreate(Body):
+    name: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    scopes: str = Field(description="Space-separated scopes, e.g. 'topics:publish:orders subscriptions:read'")
+    is_active: bool = True
+
+
+class ClientUpdate(ClientCreate):
+    pass
+
+
+class ClientCreated(BaseModel):
+    id: UUID
+    secret: str = Field(description="Shown once; store it safely")
+
+
+class ClientOut(BaseModel):
+    id: UUID
+    name: str
+    scopes: str
+    is_active: bool
+    token_version: int
+    created_at: datetime
+    updated_at: datetime
+
+
+class TokenRequest(Body):
+    client_id: UUID
+    client_secret: Annotated[str, StringConstraints(min_length=1, max_length=512)]
+
+
+class TokenOut(BaseModel):
+    access_token: str
+    token_type: Literal["Bearer"] = "Bearer"  # noqa: S105 - a token type, not a secret
+    expires_in: int
+    scope: str
+
+
+class Status(BaseModel):
+    status: str

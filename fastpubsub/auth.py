@@ -1,0 +1,163 @@
+"""Client secrets, scopes and access tokens (OAuth2 client credentials with JWTs).
+
+Scopes are global (`topics:publish`) or object-specific (`topics:publish:orders`);
+`*` grants everything. A token carries the client's token_version, so updating,
+disabling, deleting a client or rotating its secret revokes earlier tokens.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+import warnings
+from dataclasses import dataclass
+from uuid import UUID
+
+import jwt
+
+from fastpubsub.exceptions import AuthenticationError, InvalidInputError, PermissionDeniedError
+from fastpubsub.settings import Settings
+
+ADMIN_SCOPE = "*"
+# Every scope the API knows, by resource; object-specific forms append ":<id>".
+SCOPES = {
+    "topics": ("create", "read", "delete", "publish"),
+    "subscriptions": ("create", "read", "delete", "consume"),
+    "clients": ("create", "update", "read", "delete"),
+}
+SCOPE_DESCRIPTIONS = {
+    "*": "Everything (admin)",
+    **{
+        f"{resource}:{action}": f"{action.capitalize()} {resource}"
+        for resource, actions in SCOPES.items()
+        for action in actions
+    },
+}
+_OBJECT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_ISSUER = "fastpubsub"
+
+with warnings.catch_warnings():
+    # passlib imports the standard `crypt` module (deprecated since Python 3.11)
+    # and reads argon2.__version__ (deprecated by argon2-cffi) while it loads its
+    # argon2 backend. Both happen once, here; fastpubsub needs neither.
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from passlib.context import CryptContext
+
+    # Memory-hard but affordable: 19 MiB, two passes (the OWASP minimum for argon2id).
+    _hasher = CryptContext(
+        schemes=["argon2"], argon2__memory_cost=19456, argon2__time_cost=2, argon2__parallelism=1
+    )
+    # Verified when a client id is unknown, so that the answer takes as long as for a wrong secret.
+    _DUMMY_HASH = _hasher.hash(secrets.token_urlsafe(32))
+
+
+def generate_secret() -> str:
+    """A new client secret: 32 random bytes, URL-safe."""
+    return secrets.token_urlsafe(32)
+
+
+def generate_signing_key() -> str:
+    """A new JWT signing key: 48 random bytes, hex."""
+    return secrets.token_hex(48)
+
+
+def hash_secret(secret: str) -> str:
+    """Slow on purpose: call it off the event loop."""
+    return str(_hasher.hash(secret))
+
+
+def verify_secret(secret: str, secret_hash: str | None) -> bool:
+    """Constant-time check; with no hash it still does the work and answers False."""
+    if secret_hash is None:
+        _hasher.verify(secret, _DUMMY_HASH)
+        return False
+    try:
+        return bool(_hasher.verify(secret, secret_hash))
+    except (ValueError, TypeError):
+        return False
+
+
+# -- scopes -------------------------------------------------------------------
+def parse_scopes(text: str) -> tuple[str, ...]:
+    """Validate a space-separated scope string; returns the scopes, duplicates removed."""
+    scopes: list[str] = []
+    for scope in text.split():
+        if scope != ADMIN_SCOPE:
+            parts = scope.split(":")
+            if len(parts) not in (2, 3) or parts[0] not in SCOPES or parts[1] not in SCOPES[parts[0]]:
+                raise InvalidInputError(f'unknown scope "{scope}"')
+            if len(parts) == 3 and not _OBJECT_ID.match(parts[2]):
+                raise InvalidInputError(f'scope "{scope}" names an invalid object id')
+        if scope not in scopes:
+            scopes.append(scope)
+    if not scopes:
+        raise InvalidInputError("scopes must not be empty")
+    return tuple(scopes)
+
+
+def grants(scopes: tuple[str, ...] | frozenset[str], scope: str, object_id: str | None = None) -> bool:
+    """Whether `scopes` allow `scope` (e.g. "topics:publish") on `object_id`."""
+    if ADMIN_SCOPE in scopes or scope in scopes:
+        return True
+    return object_id is not None and f"{scope}:{object_id}" in scopes
+
+
+def require_covered(holder: tuple[str, ...] | frozenset[str], requested: tuple[str, ...]) -> None:
+    """A client may only hand out scopes it holds itself (or is admin)."""
+    for scope in requested:
+        if scope == ADMIN_SCOPE:
+            covered = ADMIN_SCOPE in holder
+        else:
+            parts = scope.split(":")
+            covered = grants(holder, ":".join(parts[:2]), parts[2] if len(parts) == 3 else None)
+        if not covered:
+            raise PermissionDeniedError(f'cannot grant scope "{scope}": the calling client does not hold it')
+
+
+# -- tokens -------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class TokenClaims:
+    client_id: UUID
+    scopes: frozenset[str]
+    token_version: int
+
+
+def issue_token(
+    settings: Settings, client_id: UUID, scopes: tuple[str, ...], token_version: int
+) -> tuple[str, int]:
+    """A signed access token and its lifetime in seconds."""
+    lifetime = settings.auth_access_token_expire_minutes * 60
+    now = int(time.time())
+    claims = {
+        "iss": _ISSUER,
+        "sub": str(client_id),
+        "scope": " ".join(scopes),
+        "ver": token_version,
+        "iat": now,
+        "exp": now + lifetime,
+        "jti": secrets.token_hex(8),
+    }
+    token = jwt.encode(claims, settings.require_auth_secret(), algorithm=settings.auth_algorithm)
+    return token, lifetime
+
+
+def decode_token(settings: Settings, token: str) -> TokenClaims:
+    """Verify signature (only the configured algorithm: never `none`), expiry and shape."""
+    try:
+        claims = jwt.decode(
+            token,
+            settings.require_auth_secret(),
+            algorithms=[settings.auth_algorithm],
+            issuer=_ISSUER,
+            options={"require": ["exp", "iat", "sub", "ver", "scope"]},
+        )
+        return TokenClaims(
+            client_id=UUID(str(claims["sub"])),
+            scopes=frozenset(str(claims["scope"]).split()),
+            token_version=int(claims["ver"]),
+        )
+    except jwt.ExpiredSignatureError as exc:
+        raise AuthenticationError("the access token has expired") from exc
+    except (jwt.InvalidTokenError, ValueError, TypeError) as exc:
+        raise AuthenticationError("the access token is not valid") from exc

@@ -1,0 +1,64 @@
+"""Structured logging: one JSON object per line, carrying the current request id."""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import sys
+from datetime import UTC, datetime
+
+import orjson
+
+request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
+
+# Attributes every record has (and uvicorn's colour copy of the message): not repeated as fields.
+_STANDARD_ATTRS = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
+    "message",
+    "asctime",
+    "color_message",
+}
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, object] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        rid = request_id.get()
+        if rid is not None:
+            entry["request_id"] = rid
+        for key, value in record.__dict__.items():
+            if key not in _STANDARD_ATTRS and not key.startswith("_"):
+                entry[key] = value
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(entry, default=str).decode()
+
+
+class TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        rid = request_id.get()
+        prefix = f"[{rid}] " if rid else ""
+        return (
+            f"{self.formatTime(record)} {record.levelname:<7} {record.name}: {prefix}{super().format(record)}"
+        )
+
+
+def configure_logging(level: str = "info", fmt: str = "json") -> None:
+    """Route fastpubsub, uvicorn and gunicorn logs through one formatter on stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter("%(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for name in ("uvicorn", "uvicorn.error", "gunicorn.error"):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = []
+        logger.propagate = True
+    # Request lines are logged by fastpubsub's own middleware (at debug level on
+    # success: the hot paths must not log per request at info).
+    logging.getLogger("uvicorn.access").disabled = True
+    logging.getLogger("gunicorn.access").disabled = True
