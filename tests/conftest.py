@@ -18,9 +18,15 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-from fastpubsub import migrate
-from fastpubsub.database import Database, libpq_url
-from fastpubsub.embedded import EPHEMERAL_SETTINGS, EmbeddedPostgres
+# Tests configure fastpubsub explicitly; settings from the developer's shell
+# must not leak in (FASTPUBSUB_TEST_DATABASE_URL is the one exception).
+for _name in [name for name in os.environ if name.startswith("FASTPUBSUB_")]:
+    if _name != "FASTPUBSUB_TEST_DATABASE_URL":
+        del os.environ[_name]
+
+from fastpubsub import migrate  # noqa: E402
+from fastpubsub.database import Database, libpq_url  # noqa: E402
+from fastpubsub.embedded import EPHEMERAL_SETTINGS, EmbeddedPostgres  # noqa: E402
 
 
 class PostgresServer:

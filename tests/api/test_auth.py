@@ -1,0 +1,376 @@
+"""OAuth2 client credentials, scoped JWTs, revocation, and every way a token can be bad."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+import httpx
+import jwt
+import pytest
+
+from fastpubsub.api.app import create_app
+from fastpubsub.database import Database
+from fastpubsub.exceptions import ConfigurationError
+from tests.api.conftest import SECRET_KEY, ClientFactory, create_client_record, make_settings, token_for
+
+Bearer = Callable[[str], Awaitable[dict[str, str]]]
+
+
+def basic(client_id: str, secret: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{client_id}:{secret}".encode()).decode()}
+
+
+FORM = {"content-type": "application/x-www-form-urlencoded"}
+
+
+async def test_json_token_request_answers_201(secured: httpx.AsyncClient, database_url: str) -> None:
+    client_id, secret = await create_client_record(database_url, "topics:create topics:read")
+    response = await secured.post("/oauth/token", json={"client_id": client_id, "client_secret": secret})
+    assert response.status_code == 201
+    body = response.json()
+    assert body["token_type"] == "Bearer"
+    assert body["expires_in"] == 1800
+    assert body["scope"] == "topics:create topics:read"
+    assert response.headers["cache-control"] == "no-store"
+    claims = jwt.decode(body["access_token"], SECRET_KEY, algorithms=["HS256"])
+    assert claims["sub"] == client_id
+    assert claims["ver"] == 1
+
+
+async def test_form_request_with_credentials_in_the_body(
+    secured: httpx.AsyncClient, database_url: str
+) -> None:
+    client_id, secret = await create_client_record(database_url, "*")
+    response = await secured.post(
+        "/oauth/token",
+        data={"grant_type": "client_credentials", "client_id": client_id, "client_secret": secret},
+    )
+    assert response.status_code == 200
+    assert response.json()["scope"] == "*"
+
+
+async def test_form_request_with_http_basic_and_a_narrower_scope(
+    secured: httpx.AsyncClient, database_url: str
+) -> None:
+    client_id, secret = await create_client_record(database_url, "topics:read topics:create")
+    response = await secured.post(
+        "/oauth/token",
+        content="grant_type=client_credentials&scope=topics%3Aread",
+        headers={**FORM, **basic(client_id, secret)},
+    )
+    assert response.status_code == 200
+    assert response.json()["scope"] == "topics:read"
+    token = response.json()["access_token"]
+    auth = {"Authorization": f"Bearer {token}"}
+    assert (await secured.get("/topics", headers=auth)).status_code == 200
+    assert (await secured.post("/topics", json={"id": "x"}, headers=auth)).status_code == 403
+
+
+@pytest.mark.parametrize(
+    ("content", "status", "error"),
+    [
+        ("grant_type=password&username=a&password=b", 400, "unsupported_grant_type"),
+        ("client_id=a&client_secret=b", 400, "invalid_request"),
+        ("grant_type=client_credentials", 401, "invalid_client"),
+        ("grant_type=client_credentials&grant_type=client_credentials", 400, "invalid_request"),
+        ("grant_type=client_credentials&client_id=x&client_secret=y", 401, "invalid_client"),
+        ("%%%", 400, "invalid_request"),
+    ],
+)
+async def test_form_errors_follow_rfc_6749(
+    secured: httpx.AsyncClient, content: str, status: int, error: str
+) -> None:
+    response = await secured.post("/oauth/token", content=content, headers=FORM)
+    assert response.status_code == status
+    body = response.json()
+    assert body["error"] == error
+    assert body["detail"]
+
+
+async def test_credentials_twice_is_invalid_request(secured: httpx.AsyncClient, database_url: str) -> None:
+    client_id, secret = await create_client_record(database_url, "*")
+    response = await secured.post(
+        "/oauth/token",
+        content=f"grant_type=client_credentials&client_id={client_id}&client_secret={secret}",
+        headers={**FORM, **basic(client_id, secret)},
+    )
+    assert response.status_code == 400
+    assert response.json()["error"] == "invalid_request"
+
+
+async def test_scope_outside_the_clients_is_invalid_scope(
+    secured: httpx.AsyncClient, database_url: str
+) -> None:
+    client_id, secret = await create_client_record(database_url, "topics:read")
+    response = await secured.post(
+        "/oauth/token",
+        content="grant_type=client_credentials&scope=*",
+        headers={**FORM, **basic(client_id, secret)},
+    )
+    assert response.status_code == 400
+    assert response.json()["error"] == "invalid_scope"
+
+
+async def test_unknown_client_wrong_secret_and_disabled_client_look_the_same(
+    secured: httpx.AsyncClient, database_url: str
+) -> None:
+    active_id, secret = await create_client_record(database_url, "*")
+    disabled_id, disabled_secret = await create_client_record(database_url, "*", is_active=False)
+    attempts = [
+        {"client_id": str(uuid.uuid4()), "client_secret": secret},
+        {"client_id": active_id, "client_secret": secret + "x"},
+        {"client_id": disabled_id, "client_secret": disabled_secret},
+    ]
+    answers = []
+    for body in attempts:
+        response = await secured.post("/oauth/token", json=body)
+        answers.append((response.status_code, response.json()))
+    assert all(answer == answers[0] for answer in answers)
+    assert answers[0][0] == 401
+    assert answers[0][1]["error"] == "invalid_client"
+
+
+async def test_malformed_json_token_request_is_422(secured: httpx.AsyncClient) -> None:
+    for body in (b"{", b'{"client_id": "not-a-uuid", "client_secret": "x"}', b"[]"):
+        response = await secured.post(
+            "/oauth/token", content=body, headers={"content-type": "application/json"}
+        )
+        assert response.status_code == 422
+        assert "detail" in response.json()
+    response = await secured.post("/oauth/token", content=b"x", headers={"content-type": "text/plain"})
+    assert response.status_code == 415
+
+
+def forged(claims: dict, key: str = SECRET_KEY, algorithm: str = "HS256") -> str:
+    base: dict = {
+        "iss": "fastpubsub",
+        "sub": str(uuid.uuid4()),
+        "scope": "*",
+        "ver": 1,
+        "iat": int(time.time()),
+    }
+    base["exp"] = base["iat"] + 600
+    return jwt.encode({**base, **claims}, key, algorithm=algorithm)
+
+
+def unsigned(claims: dict) -> str:
+    def part(data: dict) -> str:
+        return base64.urlsafe_b64encode(json.dumps(data).encode()).rstrip(b"=").decode()
+
+    return f"{part({'alg': 'none', 'typ': 'JWT'})}.{part(claims)}."
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [
+        None,
+        "",
+        "Bearer",
+        "Bearer ",
+        "Basic abc",
+        "Bearer not.a.jwt",
+        "Bearer " + "a" * 5000,
+        "Bearer " + forged({}, key="another-key-" + "x" * 60),
+        "Bearer " + forged({"exp": int(time.time()) - 10}),
+        "Bearer " + forged({"iss": "someone-else"}),
+        "Bearer " + forged({"sub": "not-a-uuid"}),
+        "Bearer " + unsigned({"iss": "fastpubsub", "sub": str(uuid.uuid4()), "scope": "*", "ver": 1}),
+        "Bearer " + forged({}, algorithm="HS512"),
+    ],
+    ids=[
+        "missing",
+        "empty",
+        "no-token",
+        "blank-token",
+        "basic",
+        "garbage",
+        "huge",
+        "wrong-key",
+        "expired",
+        "wrong-issuer",
+        "bad-subject",
+        "alg-none",
+        "other-algorithm",
+    ],
+)
+async def test_bad_tokens_are_401_with_www_authenticate(
+    secured: httpx.AsyncClient, authorization: str | None
+) -> None:
+    headers = {"Authorization": authorization} if authorization is not None else {}
+    response = await secured.get("/topics", headers=headers)
+    assert response.status_code == 401
+    assert response.headers["www-authenticate"].startswith("Bearer")
+    assert "detail" in response.json()
+
+
+async def test_a_valid_token_of_an_unknown_client_is_401(secured: httpx.AsyncClient) -> None:
+    response = await secured.get("/topics", headers={"Authorization": "Bearer " + forged({})})
+    assert response.status_code == 401
+
+
+async def test_updating_disabling_rotating_and_deleting_revoke_tokens(
+    secured: httpx.AsyncClient, database_url: str, bearer: Bearer
+) -> None:
+    admin = await bearer("*")
+    for change in ("update", "disable", "rotate", "delete"):
+        client_id, secret = await create_client_record(database_url, "topics:read")
+        headers = {"Authorization": f"Bearer {await token_for(secured, client_id, secret)}"}
+        assert (await secured.get("/topics", headers=headers)).status_code == 200
+        if change == "update":
+            response = await secured.put(
+                f"/clients/{client_id}",
+                json={"name": "n", "scopes": "topics:read", "is_active": True},
+                headers=admin,
+            )
+            assert response.json()["token_version"] == 2
+        elif change == "disable":
+            await secured.put(
+                f"/clients/{client_id}",
+                json={"name": "n", "scopes": "topics:read", "is_active": False},
+                headers=admin,
+            )
+        elif change == "rotate":
+            rotated = await secured.post(f"/clients/{client_id}/secret", headers=admin)
+            assert rotated.status_code == 200
+            new_secret = rotated.json()["secret"]
+            assert (
+                await secured.post("/oauth/token", json={"client_id": client_id, "client_secret": secret})
+            ).status_code == 401
+            await token_for(secured, client_id, new_secret)
+        else:
+            assert (await secured.delete(f"/clients/{client_id}", headers=admin)).status_code == 204
+        revoked = await secured.get("/topics", headers=headers)
+        assert revoked.status_code == 401, change
+        assert revoked.json() == {"detail": "the access token has been revoked"}
+
+
+async def test_revocation_takes_effect_within_the_cache_lifetime(
+    make_api: ClientFactory, database_url: str
+) -> None:
+    api = await make_api(auth_enabled=True, auth_client_cache_seconds=1)
+    admin_id, admin_secret = await create_client_record(database_url, "*")
+    admin = {"Authorization": f"Bearer {await token_for(api, admin_id, admin_secret)}"}
+    client_id, secret = await create_client_record(database_url, "topics:read")
+    headers = {"Authorization": f"Bearer {await token_for(api, client_id, secret)}"}
+    assert (await api.get("/topics", headers=headers)).status_code == 200
+    # Another worker process would not see this request: change it behind the API's back.
+    database = Database(database_url, pool_size=1, max_overflow=0)
+    await database.update_client(uuid.UUID(client_id), "n", "topics:read", False)
+    await database.close()
+    deadline = time.monotonic() + 5
+    while (await api.get("/topics", headers=headers)).status_code == 200:
+        assert time.monotonic() < deadline, "token still accepted 5 s after the client was disabled"
+        await asyncio.sleep(0.1)
+    assert (await api.get("/topics", headers=admin)).status_code == 200
+
+
+async def test_object_specific_scopes_apply_to_the_object_touched(
+    secured: httpx.AsyncClient, bearer: Bearer
+) -> None:
+    admin = await bearer("*")
+    for topic in ("orders", "payments"):
+        await secured.post("/topics", json={"id": topic}, headers=admin)
+        await secured.post("/subscriptions", json={"id": f"{topic}-sub", "topic_id": topic}, headers=admin)
+    publisher = await bearer("topics:publish:orders")
+    assert (
+        await secured.post("/topics/orders/messages", json=[{"a": 1}], headers=publisher)
+    ).status_code == 204
+    denied = await secured.post("/topics/payments/messages", json=[{"a": 1}], headers=publisher)
+    assert denied.status_code == 403
+    assert denied.json() == {"detail": 'this requires the scope "topics:publish" on payments'}
+    assert (await secured.get("/topics", headers=publisher)).status_code == 403
+
+    consumer = await bearer("subscriptions:consume:orders-sub")
+    params = {"consumer_id": "w"}
+    got = await secured.get("/subscriptions/orders-sub/messages", params=params, headers=consumer)
+    assert got.status_code == 200
+    ids = [m["id"] for m in got.json()["data"]]
+    assert (
+        await secured.post("/subscriptions/orders-sub/acks", json=ids, headers=consumer)
+    ).status_code == 204
+    for path in ("/subscriptions/payments-sub/messages",):
+        assert (await secured.get(path, params=params, headers=consumer)).status_code == 403
+    assert (await secured.get("/subscriptions/orders-sub/metrics", headers=consumer)).status_code == 403
+
+    global_publisher = await bearer("topics:publish")
+    assert (
+        await secured.post("/topics/payments/messages", json=[{"a": 1}], headers=global_publisher)
+    ).status_code == 204
+
+
+async def test_clients_cannot_grant_scopes_they_do_not_hold(
+    secured: httpx.AsyncClient, bearer: Bearer
+) -> None:
+    manager = await bearer("clients:create clients:update topics:publish subscriptions:read:s1")
+    for scopes, status in [
+        ("topics:publish", 201),
+        ("topics:publish:orders", 201),
+        ("subscriptions:read:s1", 201),
+        ("subscriptions:read", 403),
+        ("subscriptions:read:s2", 403),
+        ("*", 403),
+        ("clients:delete", 403),
+    ]:
+        response = await secured.post(
+            "/clients", json={"name": "x", "scopes": scopes, "is_active": True}, headers=manager
+        )
+        assert response.status_code == status, scopes
+    admin = await bearer("*")
+    response = await secured.post(
+        "/clients", json={"name": "root", "scopes": "*", "is_active": True}, headers=admin
+    )
+    assert response.status_code == 201
+    created = response.json()
+    assert len(created["secret"]) >= 43  # 32 random bytes
+    update = await secured.put(
+        f"/clients/{created['id']}", json={"name": "root", "scopes": "*", "is_active": True}, headers=manager
+    )
+    assert update.status_code == 403
+
+
+@pytest.mark.parametrize("scopes", ["", "topics:fly", "nothing", "topics:read:bad id", "topics:read:a:b"])
+async def test_client_scopes_are_validated(secured: httpx.AsyncClient, bearer: Bearer, scopes: str) -> None:
+    admin = await bearer("*")
+    response = await secured.post(
+        "/clients", json={"name": "x", "scopes": scopes, "is_active": True}, headers=admin
+    )
+    assert response.status_code == 422
+
+
+async def test_client_crud(secured: httpx.AsyncClient, bearer: Bearer) -> None:
+    admin = await bearer("*")
+    created = (
+        await secured.post("/clients", json={"name": "app", "scopes": "topics:read"}, headers=admin)
+    ).json()
+    got = await secured.get(f"/clients/{created['id']}", headers=admin)
+    assert got.status_code == 200
+    body = got.json()
+    assert (body["name"], body["scopes"], body["is_active"], body["token_version"]) == (
+        "app",
+        "topics:read",
+        True,
+        1,
+    )
+    assert "secret" not in body
+    assert "secret_hash" not in body
+    listed = (await secured.get("/clients", headers=admin)).json()["data"]
+    assert created["id"] in [c["id"] for c in listed]
+    assert (await secured.get(f"/clients/{uuid.uuid4()}", headers=admin)).status_code == 404
+    assert (await secured.get("/clients/not-a-uuid", headers=admin)).status_code == 422
+
+
+async def test_the_server_refuses_to_start_with_auth_and_no_key(database_url: str) -> None:
+    for key in (None, "", "changeme", "short"):
+        with pytest.raises(ConfigurationError):
+            create_app(make_settings(database_url, auth_enabled=True, auth_secret_key=key))
+
+
+async def test_token_endpoint_with_auth_disabled(api: httpx.AsyncClient) -> None:
+    response = await api.post("/oauth/token", json={"client_id": str(uuid.uuid4()), "client_secret": "x"})
+    assert response.status_code == 422
+    assert "authentication is disabled" in response.json()["detail"]

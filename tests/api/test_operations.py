@@ -1,0 +1,152 @@
+"""Probes, Prometheus metrics, request ids, the OpenAPI document, and 503 without a database."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from fastpubsub.api.app import create_app
+from fastpubsub.embedded import free_port
+from fastpubsub.settings import Settings
+from tests.api.conftest import ClientFactory
+
+
+async def test_probes(api: httpx.AsyncClient) -> None:
+    assert (await api.get("/liveness")).json() == {"status": "alive"}
+    assert (await api.get("/readiness")).json() == {"status": "ready"}
+
+
+@pytest.fixture
+async def no_database() -> httpx.AsyncClient:
+    """The API pointed at a port where no PostgreSQL listens."""
+    app = create_app(
+        Settings(_env_file=None, database_url=f"postgresql://postgres@127.0.0.1:{free_port()}/x")
+    )
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://api") as client,
+    ):
+        yield client
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("GET", "/topics", None),
+        ("POST", "/topics", {"id": "t"}),
+        ("POST", "/topics/t/messages", [{"a": 1}]),
+        ("GET", "/subscriptions/s/messages?consumer_id=w", None),
+        ("GET", "/subscriptions/s/messages?consumer_id=w&wait_seconds=1", None),
+        ("POST", "/subscriptions/s/acks", ["00000000-0000-7000-8000-000000000000"]),
+        ("GET", "/subscriptions/s/metrics", None),
+        ("GET", "/metrics", None),
+    ],
+)
+async def test_without_a_database_answers_are_503_with_detail(
+    no_database: httpx.AsyncClient, method: str, path: str, body: object
+) -> None:
+    response = await no_database.request(method, path, json=body)
+    assert response.status_code == 503
+    assert response.json() == {"detail": "the database is unavailable; retry shortly"}
+    assert response.headers["retry-after"] == "1"
+
+
+async def test_readiness_is_503_without_a_database(no_database: httpx.AsyncClient) -> None:
+    assert (await no_database.get("/liveness")).status_code == 200
+    response = await no_database.get("/readiness")
+    assert response.status_code == 503
+    assert response.json() == {"detail": "database is down"}
+
+
+async def test_prometheus_metrics(api: httpx.AsyncClient) -> None:
+    await api.post("/topics", json={"id": "t"})
+    await api.post("/subscriptions", json={"id": "s", "topic_id": "t"})
+    await api.post("/topics/t/messages", json=[{"a": 1}, {"a": 2}, {"a": 3}])
+    messages = (
+        await api.get("/subscriptions/s/messages", params={"consumer_id": "w", "batch_size": 2})
+    ).json()
+    await api.post("/subscriptions/s/acks", json=[messages["data"][0]["id"]])
+    await api.post("/subscriptions/s/nacks", json=[messages["data"][1]["id"]])
+    text = (await api.get("/metrics")).text
+    assert 'fastpubsub_messages_published_total{topic="t"}' in text
+    assert 'fastpubsub_messages_consumed_total{subscription="s"}' in text
+    assert 'fastpubsub_messages_acked_total{subscription="s"}' in text
+    assert 'fastpubsub_messages_nacked_total{subscription="s"}' in text
+    assert "fastpubsub_messages_dead_lettered_total" in text
+    assert 'fastpubsub_subscription_messages{state="available",subscription="s",topic="t"} 1.0' in text
+    assert 'fastpubsub_subscription_messages{state="acked",subscription="s",topic="t"} 1.0' in text
+    assert 'fastpubsub_subscription_messages{state="delayed",subscription="s",topic="t"} 1.0' in text
+    assert 'fastpubsub_subscription_oldest_available_age_seconds{subscription="s",topic="t"}' in text
+    assert 'http_requests_total{handler="/topics/{topic_id}/messages",method="POST",status="204"}' in text
+    assert "http_request_duration_seconds" in text
+
+
+async def test_request_ids_are_honoured_or_assigned(api: httpx.AsyncClient) -> None:
+    given = await api.get("/liveness", headers={"X-Request-ID": "abc-123"})
+    assert given.headers["x-request-id"] == "abc-123"
+    assigned = await api.get("/liveness")
+    assert len(assigned.headers["x-request-id"]) == 32
+    unsafe = await api.get("/liveness", headers={"X-Request-ID": "bad id\twith spaces"})
+    assert unsafe.headers["x-request-id"] != "bad id\twith spaces"
+    error = await api.get("/topics/nope", headers={"X-Request-ID": "req-404"})
+    assert error.headers["x-request-id"] == "req-404"
+
+
+async def test_openapi_documents_every_endpoint(api: httpx.AsyncClient) -> None:
+    spec = (await api.get("/openapi.json")).json()
+    scheme = spec["components"]["securitySchemes"]["OAuth2ClientCredentials"]
+    assert scheme["flows"]["clientCredentials"]["tokenUrl"] == "oauth/token"
+    operation_ids = []
+    for path, methods in spec["paths"].items():
+        for method, operation in methods.items():
+            operation_ids.append(operation["operationId"])
+            assert "_" in operation["operationId"] or operation["operationId"].isalpha()
+            if path not in ("/liveness", "/metrics"):
+                codes = set(operation["responses"])
+                assert "503" in codes, (method, path)
+            if path.startswith(("/topics", "/subscriptions", "/clients")):
+                assert {"401", "403", "422"} <= set(operation["responses"]), (method, path)
+                assert operation.get("security"), (method, path)
+    assert len(operation_ids) == len(set(operation_ids))
+    assert {"publish_messages", "consume_messages", "ack_messages", "issue_token", "extend_leases"} <= set(
+        operation_ids
+    )
+    for page in ("/docs", "/redoc"):
+        assert (await api.get(page)).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("GET", "/topics?offset=-1", None),
+        ("GET", "/topics?limit=100000", None),
+        ("GET", "/topics?limit=abc", None),
+        ("POST", "/topics", "not json"),
+        ("POST", "/subscriptions", {"id": "s", "topic_id": "t", "filter": [1]}),
+        ("POST", "/subscriptions", {"id": "s", "topic_id": "t", "filter": "x"}),
+        ("POST", "/subscriptions/s/leases", {"ids": ["x"], "seconds": 1}),
+        ("GET", "/subscriptions/%00/messages?consumer_id=w", None),
+        ("GET", "/clients/%ff", None),
+        ("PUT", "/clients/00000000-0000-0000-0000-000000000000", {"name": ""}),
+        ("POST", "/topics/t/messages", "🙂"),
+    ],
+)
+async def test_bad_input_never_yields_500(
+    api: httpx.AsyncClient, method: str, path: str, body: object
+) -> None:
+    await api.post("/topics", json={"id": "t"})
+    response = await api.request(method, path, json=body)
+    assert 400 <= response.status_code < 500
+    assert "detail" in response.json()
+
+
+async def test_cors_is_off_by_default_and_configurable(make_api: ClientFactory) -> None:
+    closed = await make_api()
+    assert (
+        "access-control-allow-origin"
+        not in (await closed.get("/liveness", headers={"Origin": "http://a"})).headers
+    )
+    opened = await make_api(api_cors_origins="http://a")
+    allowed = await opened.get("/liveness", headers={"Origin": "http://a"})
+    assert allowed.headers["access-control-allow-origin"] == "http://a"

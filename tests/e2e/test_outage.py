@@ -1,0 +1,102 @@
+"""The database goes away and comes back: 503 with a JSON detail meanwhile, then recovery."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fastpubsub import migrate
+from fastpubsub.embedded import EPHEMERAL_SETTINGS, EmbeddedPostgres, free_port
+from tests.e2e.conftest import Server, base_env
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def own_postgres(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
+    """A PostgreSQL of this test's own, so stopping it disturbs no other test."""
+    pg = EmbeddedPostgres(tmp_path / "pg", port=free_port(), settings=EPHEMERAL_SETTINGS)
+    pg.start()
+    try:
+        yield pg
+    finally:
+        pg.destroy()
+
+
+def wait_until(check: Callable[[], bool], seconds: float) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        if check():
+            return time.monotonic() - started
+        time.sleep(0.2)
+    raise AssertionError(f"condition not met within {seconds} s")
+
+
+def test_database_stopped_then_started(
+    own_postgres: EmbeddedPostgres, run_server: Callable[..., Server]
+) -> None:
+    running = own_postgres.running()
+    assert running is not None
+    url = running.url()
+    migrate.upgrade(url)
+    server = run_server(base_env(url))
+    with server.client() as http:
+        http.post("/topics", json={"id": "t"})
+        http.post("/subscriptions", json={"id": "s", "topic_id": "t"})
+        assert http.post("/topics/t/messages", json=[{"before": True}]).status_code == 204
+
+        own_postgres.stop()
+        for _ in range(4):  # several requests: every worker and pooled connection sees the outage
+            for method, path, body in [
+                ("GET", "/readiness", None),
+                ("POST", "/topics/t/messages", [{"during": True}]),
+                ("GET", "/subscriptions/s/messages?consumer_id=w", None),
+            ]:
+                response = http.request(method, path, json=body)
+                assert response.status_code == 503, response.text
+                assert response.headers["content-type"] == "application/json"
+                assert "detail" in response.json()
+        assert http.get("/liveness").status_code == 200
+
+        own_postgres.start()
+        recovered_in = wait_until(lambda: http.get("/readiness").status_code == 200, 20)
+        assert recovered_in < 20
+
+        def publish_ok() -> bool:
+            return http.post("/topics/t/messages", json=[{"after": True}]).status_code == 204
+
+        wait_until(publish_ok, 10)
+        got = http.get("/subscriptions/s/messages", params={"consumer_id": "w", "batch_size": 10}).json()[
+            "data"
+        ]
+        assert {"before": True} in [m["payload"] for m in got]
+        assert {"during": True} not in [m["payload"] for m in got]  # refused, not half-stored
+
+        # The listener reconnected too: a long-poll is woken by a publish again.
+        result: dict[str, object] = {}
+
+        def wait() -> None:
+            with httpx.Client(base_url=server.url, timeout=30) as waiting:
+                started = time.monotonic()
+                response = waiting.get(
+                    "/subscriptions/s/messages", params={"consumer_id": "w", "wait_seconds": 10}
+                )
+                result["elapsed"] = time.monotonic() - started
+                result["response"] = response
+
+        time.sleep(6)  # both workers' listeners are back (they retry at most every 5 s)
+        thread = threading.Thread(target=wait)
+        thread.start()
+        time.sleep(0.5)
+        assert http.post("/topics/t/messages", json=[{"woken": True}]).status_code == 204
+        thread.join(15)
+        response = result["response"]
+        assert isinstance(response, httpx.Response)
+        assert response.status_code == 200, response.text
+        assert [m["payload"] for m in response.json()["data"]] == [{"woken": True}]
+        assert result["elapsed"] < 3  # type: ignore[operator]
