@@ -91,7 +91,12 @@ class Settings(BaseSettings):
         default=5000, ge=1, le=1000000, description="Rows per cleanup transaction"
     )
 
-    @field_validator("database_url", "auth_secret_key", mode="before")
+    # Reporting (Spark)
+    jdbc_jar: Path | None = Field(
+        default=None, description="PostgreSQL JDBC driver jar for Spark reports (found automatically if unset)"
+    )
+
+    @field_validator("database_url", "auth_secret_key", "jdbc_jar", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if isinstance(value, str) and not value.strip() else value
