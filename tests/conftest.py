@@ -19,9 +19,9 @@ import pytest
 from sqlalchemy.engine import make_url
 
 # Tests configure fastpubsub explicitly; settings from the developer's shell
-# must not leak in (FASTPUBSUB_TEST_DATABASE_URL is the one exception).
+# must not leak in, except the two that choose which PostgreSQL to test on.
 for _name in [name for name in os.environ if name.startswith("FASTPUBSUB_")]:
-    if _name != "FASTPUBSUB_TEST_DATABASE_URL":
+    if _name not in ("FASTPUBSUB_TEST_DATABASE_URL", "FASTPUBSUB_EMBEDDED_PG_BIN"):
         del os.environ[_name]
 
 from fastpubsub import migrate  # noqa: E402

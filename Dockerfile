@@ -1,0 +1,26 @@
+# fastpubsub server image: `docker run IMAGE` serves the API; any other CLI
+# command runs as `docker run IMAGE db-migrate`, `... cleanup-acked-messages`, etc.
+
+FROM python:3.11-slim AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY fastpubsub ./fastpubsub
+COPY migrations ./migrations
+RUN python -m venv /opt/fastpubsub && /opt/fastpubsub/bin/pip install .
+
+FROM python:3.11-slim
+RUN useradd --system --uid 10001 --user-group --home-dir /app --shell /usr/sbin/nologin fastpubsub \
+    && mkdir /app && chown fastpubsub:fastpubsub /app
+COPY --from=build /opt/fastpubsub /opt/fastpubsub
+ENV PATH=/opt/fastpubsub/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    FASTPUBSUB_API_HOST=0.0.0.0 \
+    FASTPUBSUB_API_PORT=8000
+USER 10001
+WORKDIR /app
+EXPOSE 8000
+HEALTHCHECK --interval=10s --timeout=3s --start-period=15s --retries=3 \
+    CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/liveness', timeout=2).status != 200)"]
+ENTRYPOINT ["fastpubsub"]
+CMD ["server"]

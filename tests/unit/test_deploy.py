@@ -1,0 +1,124 @@
+"""Deployment files: they parse, and every probe and command points at something real."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.main import get_command
+
+from fastpubsub.api.app import create_app
+from fastpubsub.cli import app as cli_app
+from fastpubsub.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFESTS = sorted((ROOT / "deploy" / "kubernetes").glob("*.yaml"))
+
+
+def cli_commands() -> set[str]:
+    return set(get_command(cli_app).commands)  # type: ignore[attr-defined]
+
+
+def api_paths() -> set[str]:
+    app = create_app(Settings(_env_file=None, database_url="postgresql://unused@127.0.0.1:1/x"))
+    return set(app.openapi()["paths"])
+
+
+def containers(document: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = document.get("spec", {})
+    if document["kind"] == "CronJob":
+        spec = spec["jobTemplate"]["spec"]
+    return list(spec.get("template", {}).get("spec", {}).get("containers", []))
+
+
+def test_every_manifest_parses_and_is_listed_in_the_kustomization() -> None:
+    kustomization = yaml.safe_load((ROOT / "deploy/kubernetes/kustomization.yaml").read_text())
+    listed = set(kustomization["resources"])
+    on_disk = {path.name for path in MANIFESTS} - {"kustomization.yaml"}
+    assert listed == on_disk
+    for path in MANIFESTS:
+        for document in yaml.safe_load_all(path.read_text()):
+            assert document["apiVersion"]
+            assert document["kind"]
+
+
+def test_kubernetes_containers_run_real_commands_and_probe_real_endpoints() -> None:
+    commands, paths = cli_commands(), api_paths()
+    kinds = {}
+    for path in MANIFESTS:
+        for document in yaml.safe_load_all(path.read_text()):
+            kinds.setdefault(document["kind"], []).append(document)
+            for container in containers(document):
+                assert container["args"][0] in commands, (path.name, container["args"])
+                ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+                for probe in ("livenessProbe", "readinessProbe"):
+                    if probe in container:
+                        http = container[probe]["httpGet"]
+                        assert http["path"] in paths
+                        assert http["port"] in ports or http["port"] in ports.values()
+    (deployment,) = kinds["Deployment"]
+    (server,) = containers(deployment)
+    assert server["args"] == ["server"]
+    assert server["livenessProbe"]["httpGet"]["path"] == "/liveness"
+    assert server["readinessProbe"]["httpGet"]["path"] == "/readiness"
+    assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+    (job,) = kinds["Job"]
+    assert containers(job)[0]["args"] == ["db-migrate"]
+    cron = {containers(c)[0]["args"][0]: c["spec"] for c in kinds["CronJob"]}
+    assert set(cron) == {"cleanup-acked-messages", "cleanup-stuck-messages"}
+    for spec in cron.values():
+        assert len(spec["schedule"].split()) == 5
+        assert spec["concurrencyPolicy"] == "Forbid"
+    (service,) = kinds["Service"]
+    assert service["metadata"]["annotations"]["prometheus.io/path"] in paths
+
+
+def test_compose_services_run_real_commands() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert set(services) == {"postgres", "migrate", "server", "cleanup"}
+    commands = cli_commands()
+    assert services["migrate"]["command"] == ["db-migrate"]
+    assert services["server"]["command"] == ["server"]
+    loop = services["cleanup"]["command"][0]
+    used = re.findall(r"fastpubsub ([a-z-]+)", loop)
+    assert used == ["cleanup-stuck-messages", "cleanup-acked-messages"]
+    assert set(used) <= commands
+    assert services["server"]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    url = services["server"]["environment"]["FASTPUBSUB_DATABASE_URL"]
+    assert "@postgres:5432/" in url
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in lines]
+
+
+def test_dockerfile_is_multi_stage_non_root_and_checks_liveness() -> None:
+    instructions = dockerfile_instructions()
+    stages = [arg for op, arg in instructions if op == "FROM"]
+    assert len(stages) >= 2
+    assert all("slim" in stage for stage in stages)
+    users = [arg for op, arg in instructions if op == "USER"]
+    assert users
+    assert users[-1] not in ("root", "0")
+    entrypoint = dict(instructions)["ENTRYPOINT"]
+    assert entrypoint == '["fastpubsub"]'
+    assert dict(instructions)["CMD"] == '["server"]'
+    healthcheck = dict(instructions)["HEALTHCHECK"]
+    assert "/liveness" in healthcheck
+    assert "/liveness" in api_paths()
+
+
+@pytest.mark.parametrize(
+    "command", ["server", "db-migrate", "cleanup-acked-messages", "cleanup-stuck-messages"]
+)
+def test_documented_container_commands_exist(command: str) -> None:
+    assert command in cli_commands()
+    readme = (ROOT / "README.md").read_text()
+    assert f"fastpubsub {command}" in readme or shlex.quote(command) in readme

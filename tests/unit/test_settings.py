@@ -1,0 +1,109 @@
+"""Settings: the class, env.sample and the README's table agree; validation refuses bad values."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from fastpubsub.exceptions import ConfigurationError
+from fastpubsub.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+TEST_ONLY = {"FASTPUBSUB_TEST_DATABASE_URL"}
+
+
+def shown(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def defaults() -> dict[str, str]:
+    return {
+        f"FASTPUBSUB_{name.upper()}": shown(field.default) for name, field in Settings.model_fields.items()
+    }
+
+
+def env_sample() -> dict[str, str]:
+    entries = {}
+    for line in (ROOT / "env.sample").read_text().splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            entries[key] = value
+    return entries
+
+
+def readme_table() -> dict[str, str]:
+    rows = re.findall(
+        r"^\| `(FASTPUBSUB_[A-Z0-9_]+)` \| (`[^`]*`|\(empty\)) \|", (ROOT / "README.md").read_text(), re.M
+    )
+    return {name: "" if default == "(empty)" else default.strip("`") for name, default in rows}
+
+
+def test_env_sample_lists_every_setting_with_its_default() -> None:
+    sample = env_sample()
+    assert set(sample) - TEST_ONLY == set(defaults())
+    assert {k: v for k, v in sample.items() if k not in TEST_ONLY} == defaults()
+
+
+def test_readme_documents_every_setting_with_its_default() -> None:
+    assert readme_table() == defaults()
+
+
+def test_every_setting_the_code_reads_is_a_field() -> None:
+    mentioned = set()
+    for path in (ROOT / "fastpubsub").rglob("*.py"):
+        mentioned |= set(re.findall(r"FASTPUBSUB_[A-Z0-9_]+", path.read_text()))
+    assert mentioned - set(defaults()) - TEST_ONLY == set()
+
+
+def test_empty_values_mean_unset() -> None:
+    settings = Settings(_env_file=None, database_url="", auth_secret_key="  ", jdbc_jar="")
+    assert (settings.database_url, settings.auth_secret_key, settings.jdbc_jar) == (None, None, None)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"subscription_backoff_min_seconds": 10, "subscription_backoff_max_seconds": 5},
+        {"api_port": 0},
+        {"log_level": "loud"},
+        {"auth_algorithm": "none"},
+        {"database_pool_size": 0},
+        {"auth_client_cache_seconds": 6},
+    ],
+)
+def test_invalid_settings_are_refused(values: dict) -> None:
+    with pytest.raises(ValidationError):
+        Settings(_env_file=None, **values)
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "key", "ok"),
+    [
+        ("HS256", "k" * 32, True),
+        ("HS256", "k" * 31, False),
+        ("HS512", "k" * 63, False),
+        ("HS512", "k" * 64, True),
+        ("HS256", "changeme", False),
+    ],
+)
+def test_signing_keys_must_be_long_enough(algorithm: str, key: str, ok: bool) -> None:
+    settings = Settings(_env_file=None, auth_algorithm=algorithm, auth_secret_key=key)
+    if ok:
+        assert settings.require_auth_secret() == key
+    else:
+        with pytest.raises(ConfigurationError):
+            settings.require_auth_secret()
+
+
+def test_cors_origins_are_split() -> None:
+    assert Settings(_env_file=None, api_cors_origins="http://a, http://b,").cors_origins == [
+        "http://a",
+        "http://b",
+    ]
