@@ -13,6 +13,7 @@ import contextlib
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from datetime import datetime
 from functools import cache
 from importlib import resources
 from typing import Any, NoReturn
@@ -40,6 +41,7 @@ from fastpubsub.models import (
     ClientTokenState,
     Message,
     NackResult,
+    SeekResult,
     Subscription,
     SubscriptionBacklog,
     SubscriptionMetrics,
@@ -280,6 +282,48 @@ class Database:
         rows = await self._rows("list_subscriptions", offset=offset, limit=limit)
         return [Subscription(*row) for row in rows]
 
+    async def update_subscription(
+        self,
+        subscription_id: str,
+        *,
+        set_filter: bool = False,
+        filter: Any = None,
+        max_delivery_attempts: int | None = None,
+        backoff_min_seconds: int | None = None,
+        backoff_max_seconds: int | None = None,
+        ack_deadline_seconds: int | None = None,
+    ) -> Subscription:
+        """Change the filter (when set_filter) and the policies given; None keeps a value."""
+        row = await self._one(
+            "update_subscription",
+            id=subscription_id,
+            set_filter=set_filter,
+            filter=_json(filter),
+            max_delivery_attempts=max_delivery_attempts,
+            backoff_min_seconds=backoff_min_seconds,
+            backoff_max_seconds=backoff_max_seconds,
+            ack_deadline_seconds=ack_deadline_seconds,
+        )
+        return Subscription(*row)
+
+    async def seek(self, subscription_id: str, time: datetime) -> SeekResult:
+        """Replay retained messages published at or after `time`; earlier pending ones count as acked."""
+        row = await self._one("seek", subscription_id=subscription_id, time=time)
+        return SeekResult(*row)
+
+    async def leases_held(
+        self, subscription_id: str, consumer_id: str, ids: Iterable[UUID | str]
+    ) -> set[UUID]:
+        """Which of `ids` are still leased to `consumer_id` (not acked, nacked or run out)."""
+        rows = await self._rows(
+            "leases_held", subscription_id=subscription_id, consumer_id=consumer_id, ids=_ids(ids)
+        )
+        return {row[0] for row in rows}
+
+    async def touch_stream(self, subscription_id: str) -> None:
+        """Tell acks and nacks of this subscription to wake streams (for the next minute)."""
+        await self._rows("touch_stream", subscription_id=subscription_id)
+
     async def delete_subscription(self, subscription_id: str) -> None:
         await self._rows("delete_subscription", id=subscription_id)
 
@@ -287,6 +331,11 @@ class Database:
     async def publish(self, topic_id: str, payloads: Any) -> list[UUID]:
         """Publish a JSON array of objects (raw JSON text or Python objects); returns ids in order."""
         row = await self._one("publish", topic_id=topic_id, payloads=_json(payloads))
+        return list(row.ids)
+
+    async def publish_envelopes(self, topic_id: str, messages: Any) -> list[UUID]:
+        """Publish envelopes {payload, attributes, idempotency_key, delay_seconds | deliver_at, priority}."""
+        row = await self._one("publish_envelopes", topic_id=topic_id, messages=_json(messages))
         return list(row.ids)
 
     async def consume(self, subscription_id: str, consumer_id: str, batch_size: int = 10) -> list[Message]:
@@ -331,18 +380,22 @@ class Database:
         on_batch: Callable[[CleanupResult], None] | None = None,
     ) -> CleanupResult:
         """Delete acked deliveries older than the cut-off, one short transaction per batch."""
-        acked = messages = 0
+        acked = messages = keys = 0
         while True:
             row = await self._one(
                 "cleanup_acked", older_than_seconds=older_than_seconds, batch_size=batch_size
             )
-            batch = CleanupResult(*row)
+            keys_row = await self._one(
+                "cleanup_idempotency_keys", older_than_seconds=older_than_seconds, batch_size=batch_size
+            )
+            batch = CleanupResult(row.acked_deleted, row.messages_deleted, keys_row.deleted)
             acked += batch.acked_deleted
             messages += batch.messages_deleted
+            keys += batch.idempotency_keys_deleted
             if on_batch is not None:
                 on_batch(batch)
-            if batch.acked_deleted < batch_size and batch.messages_deleted < batch_size:
-                return CleanupResult(acked, messages)
+            if max(batch.acked_deleted, batch.messages_deleted, batch.idempotency_keys_deleted) < batch_size:
+                return CleanupResult(acked, messages, keys)
             await asyncio.sleep(0)
 
     async def next_due(self, subscription_id: str) -> float | None:

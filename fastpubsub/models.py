@@ -35,6 +35,8 @@ class Message:
     payload: Any
     attempts: int
     created_at: datetime
+    attributes: dict[str, str] | None = None
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +49,13 @@ class NackResult:
 class CleanupResult:
     acked_deleted: int
     messages_deleted: int
+    idempotency_keys_deleted: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SeekResult:
+    replayed: int
+    acked: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,14 +39,39 @@ FROM fastpubsub.subscriptions AS s
 JOIN fastpubsub.topics AS t ON t.key = s.topic_key
 ORDER BY s.id OFFSET :offset LIMIT :limit
 
+-- update_subscription --
+SELECT s.id, t.id AS topic_id, s.filter, s.max_delivery_attempts, s.backoff_min_seconds,
+       s.backoff_max_seconds, s.ack_deadline_seconds, s.created_at, s.updated_at
+FROM fastpubsub.update_subscription(
+    :id, :set_filter, CAST(:filter AS jsonb), :max_delivery_attempts, :backoff_min_seconds,
+    :backoff_max_seconds, :ack_deadline_seconds) AS s
+JOIN fastpubsub.topics AS t ON t.key = s.topic_key
+
+-- seek --
+SELECT replayed, acked FROM fastpubsub.seek(:subscription_id, :time)
+
+-- leases_held --
+SELECT d.message_id
+FROM fastpubsub.deliveries AS d
+JOIN fastpubsub.subscriptions AS s ON s.key = d.subscription_key
+WHERE s.id = :subscription_id AND d.message_id = ANY (CAST(:ids AS uuid[]))
+  AND d.consumer_id = :consumer_id AND d.lease_until > now()
+
+-- touch_stream --
+SELECT fastpubsub.touch_stream(:subscription_id)
+
 -- delete_subscription --
 SELECT fastpubsub.delete_subscription(:id)
 
 -- publish --
-SELECT fastpubsub.publish(:topic_id, CAST(:payloads AS jsonb)) AS ids
+SELECT fastpubsub.publish_v2(:topic_id, CAST(:payloads AS jsonb), false) AS ids
+
+-- publish_envelopes --
+SELECT fastpubsub.publish_v2(:topic_id, CAST(:messages AS jsonb), true) AS ids
 
 -- consume --
-SELECT id, payload, attempts, created_at FROM fastpubsub.consume(:subscription_id, :consumer_id, :batch_size)
+SELECT id, payload, attempts, created_at, attributes, priority
+FROM fastpubsub.consume_v2(:subscription_id, :consumer_id, :batch_size)
 
 -- ack --
 SELECT fastpubsub.ack(:subscription_id, CAST(:ids AS uuid[])) AS acked
@@ -65,6 +90,9 @@ SELECT fastpubsub.reprocess_dlq(:subscription_id, CAST(:ids AS uuid[])) AS repro
 
 -- cleanup_acked --
 SELECT acked_deleted, messages_deleted FROM fastpubsub.cleanup_acked(:older_than_seconds, :batch_size)
+
+-- cleanup_idempotency_keys --
+SELECT fastpubsub.cleanup_idempotency_keys(:older_than_seconds, :batch_size) AS deleted
 
 -- cleanup_stuck --
 SELECT fastpubsub.cleanup_stuck(:lock_timeout_seconds) AS released
