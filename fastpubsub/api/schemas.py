@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 T = TypeVar("T")
 
@@ -75,6 +75,84 @@ class MessageOut(BaseModel):
     payload: dict[str, Any]
     delivery_attempts: int
     created_at: datetime
+    attributes: dict[str, str] | None = Field(default=None, description="As published (consume only)")
+    priority: int = Field(default=0, description="As published, 0-9 (consume only)")
+
+
+class PublishMessage(Body):
+    """One message of an envelope publish; only `payload` is required."""
+
+    payload: dict[str, Any]
+    attributes: dict[str, Annotated[str, StringConstraints(max_length=1024)]] | None = Field(
+        default=None, max_length=64, description="String map returned with each consumed message"
+    )
+    idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = Field(
+        default=None,
+        description="A repeat on this topic (while the original is retained) returns the original id "
+        "and is not delivered again",
+    )
+    delay_seconds: float | None = Field(default=None, ge=0, le=31536000, description="Deliver no sooner")
+    deliver_at: AwareDatetime | None = Field(default=None, description="Deliver no sooner than this time")
+    priority: int = Field(default=0, ge=0, le=9, description="Higher is delivered first")
+
+    @model_validator(mode="after")
+    def _one_delay(self) -> PublishMessage:
+        if self.delay_seconds is not None and self.deliver_at is not None:
+            raise ValueError("give delay_seconds or deliver_at, not both")
+        return self
+
+
+class PublishRequest(Body):
+    messages: list[PublishMessage] = Field(min_length=1)
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "messages": [
+                        {
+                            "payload": {"order_id": "12345", "status": "created"},
+                            "attributes": {"source": "checkout"},
+                            "idempotency_key": "order-12345-created",
+                            "priority": 5,
+                        },
+                        {"payload": {"order_id": "12345", "reminder": True}, "delay_seconds": 3600},
+                    ]
+                }
+            ]
+        },
+    )
+
+
+class PublishResponse(BaseModel):
+    message_ids: list[UUID] = Field(
+        description="In request order; a repeated idempotency key gives the original id"
+    )
+
+
+class SubscriptionUpdate(Body):
+    """The fields to change; leave out what stays. `filter: null` removes the filter."""
+
+    filter: dict[str, Any] | None = Field(
+        default=None, examples=[{"user.country": ["BR"], "amount": {"$gte": 100}}]
+    )
+    max_delivery_attempts: int | None = Field(default=None, ge=1, le=1000)
+    backoff_min_seconds: int | None = Field(default=None, ge=0, le=86400)
+    backoff_max_seconds: int | None = Field(default=None, ge=0, le=86400)
+    ack_deadline_seconds: int | None = Field(default=None, ge=1, le=3600)
+
+
+class SeekRequest(Body):
+    time: AwareDatetime = Field(
+        description="Replay retained messages published at or after this time",
+        examples=["2026-11-22T10:00:00Z"],
+    )
+
+
+class SeekResult(BaseModel):
+    replayed: int = Field(description="Messages deliverable again, attempts reset")
+    acked: int = Field(description="Pending messages published before the time, now counted as acked")
 
 
 class LeaseExtension(Body):

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import AsyncIterator
 from typing import Annotated
 from uuid import UUID
 
 import orjson
-from fastapi import APIRouter, Body, Path, Query, Response
+from fastapi import APIRouter, Body, Path, Query, Request, Response
+from fastapi.responses import StreamingResponse
 
 from fastpubsub.api.deps import DatabaseDep, ListenerDep, PrincipalDep, SettingsDep
 from fastpubsub.api.errors import error_responses
@@ -20,11 +23,17 @@ from fastpubsub.api.schemas import (
     MessageOut,
     MetricsOut,
     Page,
+    SeekRequest,
+    SeekResult,
     SubscriptionCreate,
     SubscriptionOut,
+    SubscriptionUpdate,
 )
 from fastpubsub.database import Database, NotificationListener
+from fastpubsub.exceptions import FastPubSubError
 from fastpubsub.models import Message, Subscription
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/subscriptions", tags=["subscriptions"])
 
@@ -55,22 +64,24 @@ def _out(s: Subscription) -> SubscriptionOut:
     )
 
 
-def _messages_json(subscription_id: str, messages: list[Message]) -> bytes:
-    """The consume answer, rendered in one go (the hottest response of the API)."""
+def _message(subscription_id: str, m: Message, with_options: bool = True) -> dict[str, object]:
+    out: dict[str, object] = {
+        "id": m.id,
+        "subscription_id": subscription_id,
+        "payload": m.payload,
+        "delivery_attempts": m.attempts,
+        "created_at": m.created_at,
+    }
+    if with_options:
+        out["attributes"] = m.attributes
+        out["priority"] = m.priority
+    return out
+
+
+def _messages_json(subscription_id: str, messages: list[Message], with_options: bool = True) -> bytes:
+    """A page of messages, rendered in one go (consume is the hottest response of the API)."""
     return orjson.dumps(
-        {
-            "data": [
-                {
-                    "id": m.id,
-                    "subscription_id": subscription_id,
-                    "payload": m.payload,
-                    "delivery_attempts": m.attempts,
-                    "created_at": m.created_at,
-                }
-                for m in messages
-            ]
-        },
-        option=orjson.OPT_UTC_Z,
+        {"data": [_message(subscription_id, m, with_options) for m in messages]}, option=orjson.OPT_UTC_Z
     )
 
 
@@ -129,6 +140,45 @@ async def delete_subscription(
     principal.require("subscriptions:delete", subscription_id)
     await database.delete_subscription(subscription_id)
     return Response(status_code=204)
+
+
+@router.patch(
+    "/{subscription_id}",
+    summary="Change a subscription's filter or delivery policy",
+    description='Send only the fields to change; `"filter": null` removes the filter. A new filter '
+    "applies to messages published afterwards.",
+    responses=error_responses(401, 403, 404, 422),
+)
+async def update_subscription(
+    subscription_id: SubscriptionId, body: SubscriptionUpdate, database: DatabaseDep, principal: PrincipalDep
+) -> SubscriptionOut:
+    principal.require("subscriptions:create", subscription_id)
+    subscription = await database.update_subscription(
+        subscription_id,
+        set_filter="filter" in body.model_fields_set,
+        filter=body.filter,
+        max_delivery_attempts=body.max_delivery_attempts,
+        backoff_min_seconds=body.backoff_min_seconds,
+        backoff_max_seconds=body.backoff_max_seconds,
+        ack_deadline_seconds=body.ack_deadline_seconds,
+    )
+    return _out(subscription)
+
+
+@router.post(
+    "/{subscription_id}/seek",
+    summary="Replay: deliver again what was published from a time on",
+    description="Retained messages of this subscription published at or after `time` become deliverable "
+    "again (acked ones included, attempts reset); pending ones published earlier count as acked. Messages "
+    "are retained for the acked-cleanup window (FASTPUBSUB_CLEANUP_ACKED_MESSAGES_OLDER_THAN_SECONDS).",
+    responses=error_responses(401, 403, 404, 422),
+)
+async def seek_subscription(
+    subscription_id: SubscriptionId, body: SeekRequest, database: DatabaseDep, principal: PrincipalDep
+) -> SeekResult:
+    principal.require("subscriptions:consume", subscription_id)
+    result = await database.seek(subscription_id, body.time)
+    return SeekResult(replayed=result.replayed, acked=result.acked)
 
 
 async def consume_waiting(
@@ -259,7 +309,9 @@ async def list_dlq(
 ) -> Response:
     principal.require("subscriptions:consume", subscription_id)
     messages = await database.list_dlq(subscription_id, offset, limit)
-    return Response(_messages_json(subscription_id, messages), media_type="application/json")
+    return Response(
+        _messages_json(subscription_id, messages, with_options=False), media_type="application/json"
+    )
 
 
 @router.post(
@@ -295,4 +347,96 @@ async def subscription_metrics(
         acked=m.acked,
         dlq=m.dlq,
         oldest_available_age_seconds=m.oldest_available_age_seconds,
+    )
+
+
+# Streams send a comment at least this often so that proxies keep them open,
+# and renew their registration (touch_stream) well within its 60 s lifetime.
+KEEPALIVE_SECONDS = 15.0
+TOUCH_SECONDS = 30.0
+
+
+async def stream_events(
+    request: Request,
+    database: Database,
+    listener: NotificationListener,
+    subscription_id: str,
+    consumer_id: str,
+    max_in_flight: int,
+) -> AsyncIterator[bytes]:
+    """Server-sent events: one leased message per event, at most max_in_flight unacked.
+
+    Wakes on notifications (new messages, and acks or nacks of this
+    subscription while the stream is registered), when a retry becomes due or
+    a lease it handed out runs out, and to send keep-alive comments. Nothing is
+    polled while idle. Leases still held when the client goes away expire
+    normally.
+    """
+    loop = asyncio.get_running_loop()
+    sent: set[UUID] = set()
+    touched = loop.time()
+    yield b": connected\n\n"
+    try:
+        with listener.waiter(subscription_id) as woken:
+            while True:
+                woken.clear()
+                if sent:
+                    sent &= await database.leases_held(subscription_id, consumer_id, sent)
+                room = max_in_flight - len(sent)
+                if room > 0:
+                    messages = await database.consume(subscription_id, consumer_id, min(room, 100))
+                    if messages:
+                        CONSUMED.labels(subscription_id).inc(len(messages))
+                        for m in messages:
+                            sent.add(m.id)
+                            event = orjson.dumps(_message(subscription_id, m), option=orjson.OPT_UTC_Z)
+                            yield b"event: message\nid: %s\ndata: %s\n\n" % (str(m.id).encode(), event)
+                        continue
+                timeout = KEEPALIVE_SECONDS
+                due = await database.next_due(subscription_id)  # retries due, and our leases running out
+                if due is not None:
+                    timeout = min(timeout, due + 0.005)
+                try:
+                    await asyncio.wait_for(woken.wait(), timeout)
+                except TimeoutError:
+                    yield b": keep-alive\n\n"
+                if loop.time() - touched >= TOUCH_SECONDS:
+                    await database.touch_stream(subscription_id)
+                    touched = loop.time()
+                if await request.is_disconnected():
+                    return
+    except FastPubSubError as exc:
+        # Headers are gone already: say what happened in the stream and end it.
+        log.warning("stream of %s ended: %s", subscription_id, exc)
+        yield b"event: error\ndata: %s\n\n" % orjson.dumps({"detail": exc.message})
+
+
+@router.get(
+    "/{subscription_id}/stream",
+    summary="Consume as a stream of server-sent events",
+    description="`text/event-stream`: each `message` event carries one leased message as JSON (id, "
+    "payload, attributes, priority, delivery_attempts); comments keep the connection alive. Ack or "
+    "nack through the usual endpoints; at most `max_in_flight` messages are unacked at a time. When "
+    "the stream drops, its leases expire normally (ack deadline).",
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"text/event-stream": {}}, "description": "The stream"},
+        **error_responses(401, 403, 404, 422),
+    },
+)
+async def stream_messages(
+    subscription_id: SubscriptionId,
+    request: Request,
+    database: DatabaseDep,
+    listener: ListenerDep,
+    principal: PrincipalDep,
+    consumer_id: Annotated[ConsumerId, Query(description="Who holds the leases")],
+    max_in_flight: Annotated[int, Query(ge=1, le=1000, description="Unacked messages at most")] = 10,
+) -> StreamingResponse:
+    principal.require("subscriptions:consume", subscription_id)
+    await database.touch_stream(subscription_id)  # also answers 404 before the stream starts
+    return StreamingResponse(
+        stream_events(request, database, listener, subscription_id, consumer_id, max_in_flight),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

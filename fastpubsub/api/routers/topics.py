@@ -10,7 +10,15 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from fastpubsub.api.deps import DatabaseDep, PrincipalDep, SettingsDep
 from fastpubsub.api.errors import error_responses
 from fastpubsub.api.metrics import PUBLISHED
-from fastpubsub.api.schemas import ID_DESCRIPTION, ID_PATTERN, Page, TopicCreate, TopicOut
+from fastpubsub.api.schemas import (
+    ID_DESCRIPTION,
+    ID_PATTERN,
+    Page,
+    PublishRequest,
+    PublishResponse,
+    TopicCreate,
+    TopicOut,
+)
 from fastpubsub.exceptions import InvalidInputError, PayloadTooLargeError
 
 router = APIRouter(prefix="/topics", tags=["topics"])
@@ -115,3 +123,36 @@ async def publish_messages(
     ids = await database.publish(topic_id, text)
     PUBLISHED.labels(topic_id).inc(len(ids))
     return Response(status_code=204)
+
+
+@router.post(
+    "/{topic_id}/publish",
+    status_code=201,
+    summary="Publish messages with options: attributes, idempotency key, delay, priority",
+    description="Each message is an envelope; only `payload` is required. `idempotency_key`: a repeat on "
+    "this topic, in the same request or later while the original is retained (the acked-cleanup window), "
+    "returns the original id and is not delivered again. `delay_seconds` / `deliver_at`: not delivered "
+    "before then (counted as `delayed` meanwhile). `priority` 0-9: higher first, publish order within a "
+    "priority. `attributes`: strings returned with the message and usable in filters (`$attributes`). "
+    "All messages are stored, or none.",
+    responses=error_responses(401, 403, 404, 413, 422),
+)
+async def publish_with_options(
+    topic_id: TopicId,
+    body: PublishRequest,
+    database: DatabaseDep,
+    principal: PrincipalDep,
+    settings: SettingsDep,
+) -> PublishResponse:
+    principal.require("topics:publish", topic_id)
+    envelopes = [message.model_dump(mode="json", exclude_none=True) for message in body.messages]
+    for index, envelope in enumerate(envelopes):
+        size = len(orjson.dumps(envelope["payload"]))
+        if size > settings.max_message_bytes:
+            raise PayloadTooLargeError(
+                f"message at index {index} is {size} bytes, above the limit of {settings.max_message_bytes}; "
+                "nothing was published"
+            )
+    ids = await database.publish_envelopes(topic_id, envelopes)
+    PUBLISHED.labels(topic_id).inc(len(ids))
+    return PublishResponse(message_ids=ids)
