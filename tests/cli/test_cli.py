@@ -140,8 +140,8 @@ def test_cleanups_report_what_they_touched(invoke: Invoke, database_url: str) ->
     with psycopg.connect(libpq_url(database_url), autocommit=True) as conn:
         conn.execute("SELECT fastpubsub.create_topic('t')")
         conn.execute("SELECT fastpubsub.create_subscription('s', 't', NULL, 5, 1, 10, 30)")
-        conn.execute("""SELECT fastpubsub.publish('t', '[{"n": 1}, {"n": 2}, {"n": 3}]')""")
-        ids = [row[0] for row in conn.execute("SELECT id FROM fastpubsub.consume('s', 'w', 3)")]
+        conn.execute("""SELECT fastpubsub.publish_v2('t', '[{"n": 1}, {"n": 2}, {"n": 3}]', false)""")
+        ids = [row[0] for row in conn.execute("SELECT id FROM fastpubsub.consume_v2('s', 'w', 3)")]
         conn.execute("SELECT fastpubsub.ack('s', %s::uuid[])", (ids[:2],))
         conn.execute("UPDATE fastpubsub.acked_deliveries SET acked_at = now() - interval '2 hours'")
     acked = invoke("cleanup-acked-messages", "--batch-size", "1")

@@ -54,7 +54,7 @@ def test_consume_reads_o_batch_index_entries_after_long_history(queue: psycopg.C
         queue.execute("SELECT pg_stat_clear_snapshot()")
         row = queue.execute(
             """SELECT idx_blks_read + idx_blks_hit FROM pg_statio_user_indexes
-               WHERE indexrelname = 'deliveries_available_idx'"""
+               WHERE indexrelname = 'deliveries_ready_idx'"""
         ).fetchone()
         return int(row[0])
 
