@@ -18,6 +18,7 @@ DROP FUNCTION fastpubsub.delete_topic(text);
 DROP FUNCTION fastpubsub.create_topic(text);
 DROP FUNCTION fastpubsub._advance_watermark(fastpubsub.subscriptions);
 DROP FUNCTION fastpubsub._delete_orphan_messages(integer[], uuid[]);
+DROP FUNCTION fastpubsub._held(integer, uuid[]);
 DROP FUNCTION fastpubsub._notify(text[]);
 DROP FUNCTION fastpubsub._lock_topic(integer, boolean);
 DROP FUNCTION fastpubsub._subscription(text);

@@ -255,10 +255,29 @@ BEGIN
 END
 $$;
 
+-- Where the leased deliveries of these message ids are: one primary-key probe
+-- per id. (As a join, the planner may instead walk every delivery of the
+-- subscription when its statistics call the table small.)
+CREATE FUNCTION fastpubsub._held(p_subscription_key integer, p_ids uuid[])
+RETURNS tid[]
+LANGUAGE sql STABLE
+AS $$
+    SELECT coalesce(array_agg(h.row_id), '{}')
+    FROM unnest(p_ids) AS x(id)
+    CROSS JOIN LATERAL (
+        SELECT d.ctid AS row_id FROM fastpubsub.deliveries AS d
+        WHERE d.subscription_key = p_subscription_key AND d.message_id = x.id AND d.lease_until IS NOT NULL
+        LIMIT 1
+    ) AS h
+$$;
+
 -- Delete messages (of the given ids) that no delivery references any more.
 CREATE FUNCTION fastpubsub._delete_orphan_messages(p_topic_keys integer[], p_message_ids uuid[])
 RETURNS integer
 LANGUAGE plpgsql
+-- Lookups per candidate: never a merge or hash join over a topic's history.
+SET enable_mergejoin = off
+SET enable_hashjoin = off
 AS $$
 DECLARE
     n integer;
@@ -514,6 +533,8 @@ LANGUAGE plpgsql
 -- sorts the whole backlog instead: these settings keep the index plans.
 SET enable_sort = off
 SET enable_bitmapscan = off
+SET enable_mergejoin = off
+SET enable_hashjoin = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -601,8 +622,11 @@ BEGIN
         SELECT m.id, m.payload, x.attempts, m.created_at
         FROM unnest(v_ids, v_attempts) WITH ORDINALITY AS x(message_id, attempts, ord)
         CROSS JOIN LATERAL (
+            -- LIMIT keeps this a lookup per row: as a plain join the planner
+            -- may merge-join against the topic's whole message history.
             SELECT m.id, m.payload, m.created_at FROM fastpubsub.messages AS m
             WHERE m.topic_key = s.topic_key AND m.id = x.message_id
+            LIMIT 1
         ) AS m
         ORDER BY x.ord;
 END
@@ -640,6 +664,12 @@ $$;
 CREATE FUNCTION fastpubsub.ack(p_subscription_id text, p_ids uuid[])
 RETURNS integer
 LANGUAGE plpgsql
+-- One primary-key probe per id: with statistics that say the subscription is
+-- small (a new table), the planner would rather read all of it.
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 DECLARE
     s fastpubsub.subscriptions := fastpubsub._subscription(p_subscription_id);
@@ -647,7 +677,7 @@ DECLARE
 BEGIN
     WITH gone AS (
         DELETE FROM fastpubsub.deliveries AS d
-        WHERE d.subscription_key = s.key AND d.message_id = ANY (p_ids) AND d.lease_until IS NOT NULL
+        WHERE d.ctid = ANY (fastpubsub._held(s.key, p_ids)) AND d.lease_until IS NOT NULL
         RETURNING d.message_id, d.attempts
     )
     INSERT INTO fastpubsub.acked_deliveries (acked_at, message_id, subscription_key, attempts)
@@ -663,6 +693,11 @@ $$;
 CREATE FUNCTION fastpubsub.nack(
     p_subscription_id text, p_ids uuid[], OUT nacked integer, OUT dead_lettered integer)
 LANGUAGE plpgsql
+-- One primary-key probe per id (see ack).
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 DECLARE
     s fastpubsub.subscriptions := fastpubsub._subscription(p_subscription_id);
@@ -679,7 +714,7 @@ BEGIN
             lease_until = NULL,
             leased_at = NULL,
             consumer_id = NULL
-        WHERE d.subscription_key = s.key AND d.message_id = ANY (p_ids) AND d.lease_until IS NOT NULL
+        WHERE d.ctid = ANY (fastpubsub._held(s.key, p_ids)) AND d.lease_until IS NOT NULL
         RETURNING d.status
     )
     SELECT count(*), count(*) FILTER (WHERE status = 'dlq') INTO nacked, dead_lettered FROM changed;
@@ -693,6 +728,11 @@ $$;
 CREATE FUNCTION fastpubsub.extend_lease(p_subscription_id text, p_ids uuid[], p_seconds integer)
 RETURNS integer
 LANGUAGE plpgsql
+-- One primary-key probe per id, whatever the statistics say (see ack).
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 DECLARE
     s fastpubsub.subscriptions := fastpubsub._subscription(p_subscription_id);
@@ -703,7 +743,7 @@ BEGIN
     END IF;
     UPDATE fastpubsub.deliveries AS d
     SET lease_until = now() + make_interval(secs => p_seconds)
-    WHERE d.subscription_key = s.key AND d.message_id = ANY (p_ids) AND d.lease_until IS NOT NULL;
+    WHERE d.ctid = ANY (fastpubsub._held(s.key, p_ids)) AND d.lease_until IS NOT NULL;
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END
@@ -749,11 +789,18 @@ BEGIN
     PERFORM fastpubsub._settle_exhausted(s);
     RETURN QUERY
         SELECT m.id, m.payload, d.attempts, m.created_at
-        FROM fastpubsub.deliveries AS d
-        JOIN fastpubsub.messages AS m ON m.topic_key = s.topic_key AND m.id = d.message_id
-        WHERE d.subscription_key = s.key AND d.status = 'dlq'
-        ORDER BY d.message_id
-        OFFSET p_offset LIMIT p_limit;
+        FROM (
+            SELECT d.message_id, d.attempts FROM fastpubsub.deliveries AS d
+            WHERE d.subscription_key = s.key AND d.status = 'dlq'
+            ORDER BY d.message_id
+            OFFSET p_offset LIMIT p_limit
+        ) AS d
+        CROSS JOIN LATERAL (
+            SELECT m.id, m.payload, m.created_at FROM fastpubsub.messages AS m
+            WHERE m.topic_key = s.topic_key AND m.id = d.message_id
+            LIMIT 1
+        ) AS m
+        ORDER BY d.message_id;
 END
 $$;
 

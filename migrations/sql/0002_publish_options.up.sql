@@ -623,6 +623,8 @@ RETURNS TABLE (id uuid, payload jsonb, attributes jsonb, priority smallint, atte
 LANGUAGE plpgsql
 SET enable_sort = off
 SET enable_bitmapscan = off
+SET enable_mergejoin = off
+SET enable_hashjoin = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -713,8 +715,10 @@ BEGIN
         SELECT m.id, m.payload, m.attributes, m.priority, x.attempts, m.created_at
         FROM unnest(v_ids, v_attempts) WITH ORDINALITY AS x(message_id, attempts, ord)
         CROSS JOIN LATERAL (
+            -- LIMIT keeps this a lookup per row (see consume).
             SELECT m.id, m.payload, m.attributes, m.priority, m.created_at FROM fastpubsub.messages AS m
             WHERE m.topic_key = s.topic_key AND m.id = x.message_id
+            LIMIT 1
         ) AS m
         ORDER BY x.ord;
 END
@@ -772,6 +776,10 @@ $$;
 CREATE OR REPLACE FUNCTION fastpubsub.ack(p_subscription_id text, p_ids uuid[])
 RETURNS integer
 LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 DECLARE
     s fastpubsub.subscriptions := fastpubsub._subscription(p_subscription_id);
@@ -779,7 +787,7 @@ DECLARE
 BEGIN
     WITH gone AS (
         DELETE FROM fastpubsub.deliveries AS d
-        WHERE d.subscription_key = s.key AND d.message_id = ANY (p_ids) AND d.lease_until IS NOT NULL
+        WHERE d.ctid = ANY (fastpubsub._held(s.key, p_ids)) AND d.lease_until IS NOT NULL
         RETURNING d.message_id, d.attempts
     )
     INSERT INTO fastpubsub.acked_deliveries (acked_at, message_id, subscription_key, attempts)
@@ -795,6 +803,10 @@ $$;
 CREATE OR REPLACE FUNCTION fastpubsub.nack(
     p_subscription_id text, p_ids uuid[], OUT nacked integer, OUT dead_lettered integer)
 LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 DECLARE
     s fastpubsub.subscriptions := fastpubsub._subscription(p_subscription_id);
@@ -811,7 +823,7 @@ BEGIN
             lease_until = NULL,
             leased_at = NULL,
             consumer_id = NULL
-        WHERE d.subscription_key = s.key AND d.message_id = ANY (p_ids) AND d.lease_until IS NOT NULL
+        WHERE d.ctid = ANY (fastpubsub._held(s.key, p_ids)) AND d.lease_until IS NOT NULL
         RETURNING d.status
     )
     SELECT count(*), count(*) FILTER (WHERE status = 'dlq') INTO nacked, dead_lettered FROM changed;

@@ -108,3 +108,26 @@ def test_retry_keeps_delivery_time_of_stored_backoff(queue: psycopg.Connection) 
     nack(queue, "s", ids)
     (row,) = deliveries(queue, "s")
     assert row["visible_at"] - queue.execute("SELECT now()").fetchone()[0] > timedelta(seconds=1)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "SELECT fastpubsub.ack('s', %s::uuid[])",
+        "SELECT * FROM fastpubsub.nack('s', %s::uuid[])",
+        "SELECT fastpubsub.extend_lease('s', %s::uuid[], 60)",
+    ],
+)
+def test_acting_on_ids_reads_only_those_rows(queue: psycopg.Connection, connect, call: str) -> None:
+    """With 20,000 waiting and no statistics yet (a new table), only the named rows are read."""
+    for _ in range(20):
+        publish(queue, "t", [{"n": i} for i in range(1000)])
+    ids = [row[0] for row in consume(queue, "s", "w", 10)]
+    tx = connect(autocommit=False)
+    tx.execute(call, (ids,))
+    seq_scans, fetched = tx.execute(
+        "SELECT seq_scan, idx_tup_fetch FROM pg_stat_xact_user_tables WHERE relname = 'deliveries'"
+    ).fetchone()
+    tx.commit()
+    assert seq_scans == 0
+    assert fetched <= 3 * len(ids)
