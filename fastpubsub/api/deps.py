@@ -72,17 +72,19 @@ class Principal:
             raise PermissionDeniedError(f'this requires the scope "{scope}"{target}')
 
 
-def get_settings(request: Request) -> Settings:
+# These are `async def` on purpose: FastAPI runs plain `def` dependencies in a
+# thread pool, a hand-off that costs more than the lookup itself.
+async def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
 
-def get_database(request: Request) -> Database:
+async def get_database(request: Request) -> Database:
     database: Database = request.app.state.database
     return database
 
 
-def get_listener(request: Request) -> NotificationListener:
+async def get_listener(request: Request) -> NotificationListener:
     listener: NotificationListener = request.app.state.listener
     return listener
 
