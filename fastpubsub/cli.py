@@ -442,6 +442,14 @@ def rotate_client_secret(client_id: Annotated[str, typer.Argument(help="Client i
     typer.echo(f"client_secret={secret}")
 
 
+def _register_bench() -> None:
+    from fastpubsub.bench.cli import bench_app
+
+    app.add_typer(bench_app, name="bench")
+
+
+_register_bench()
+
 # The seed's spellings keep working (hidden from --help).
 app.command("cleanup_acked_messages", hidden=True)(cleanup_acked_messages)
 app.command("cleanup_stuck_messages", hidden=True)(cleanup_stuck_messages)

@@ -1,0 +1,1 @@
+"""Load generator: `fastpubsub bench` (see fastpubsub.bench.cli)."""

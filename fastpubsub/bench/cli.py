@@ -1,0 +1,202 @@
+"""`fastpubsub bench ...` commands."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+import typer
+
+from fastpubsub.bench import suite, workloads
+
+bench_app = typer.Typer(
+    help="Load generator: HTTP workloads against a server, the same work in plain SQL as the ceiling.",
+    no_args_is_help=True,
+)
+
+Url = Annotated[str, typer.Option(help="Server to load, e.g. http://127.0.0.1:8000")]
+Token = Annotated[str | None, typer.Option(help="Bearer token when the server has auth on")]
+DatabaseUrl = Annotated[str, typer.Option(envvar="FASTPUBSUB_DATABASE_URL", help="PostgreSQL URL")]
+Seconds = Annotated[float, typer.Option(min=1, help="How long to run")]
+Batch = Annotated[int, typer.Option(min=1, max=100, help="Messages per request")]
+PayloadBytes = Annotated[int, typer.Option(min=16, help="Approximate JSON size of each message")]
+
+
+@bench_app.command("all")
+def bench_all(
+    database_url: Annotated[
+        str | None,
+        typer.Option(
+            envvar="FASTPUBSUB_DATABASE_URL", help="PostgreSQL URL (default: a throwaway embedded one)"
+        ),
+    ] = None,
+    url: Annotated[
+        str | None, typer.Option(help="Server to load (default: start one with --workers)")
+    ] = None,
+    token: Token = None,
+    seconds: Seconds = 15,
+    publishers: Annotated[int, typer.Option(min=1)] = 4,
+    consumers: Annotated[int, typer.Option(min=1)] = 4,
+    batch: Batch = 100,
+    payload_bytes: PayloadBytes = 230,
+    rate: Annotated[float, typer.Option(min=1, help="End-to-end publish rate, msg/s")] = 100,
+    backlog: Annotated[
+        int, typer.Option(min=10_000, help="Large backlog for the backlog comparison")
+    ] = 1_000_000,
+    workers: Annotated[int, typer.Option(min=1, help="Workers of the server it starts")] = 2,
+) -> None:
+    """Every workload, HTTP side by side with the SQL ceiling, and the targets they meet."""
+    options = suite.Options(
+        seconds=seconds,
+        publishers=publishers,
+        consumers=consumers,
+        batch=batch,
+        payload_bytes=payload_bytes,
+        rate=rate,
+        backlog=backlog,
+        workers=workers,
+    )
+    results = asyncio.run(suite.run_all(options, database_url, url, token))
+    figures = suite.report(results, options)
+    if not figures["targets_met"]:
+        raise typer.Exit(1)
+
+
+@bench_app.command("publish")
+def bench_publish(
+    url: Url,
+    token: Token = None,
+    publishers: Annotated[int, typer.Option(min=1)] = 4,
+    batch: Batch = 100,
+    payload_bytes: PayloadBytes = 230,
+    seconds: Seconds = 15,
+) -> None:
+    """Publish into a new topic with three subscriptions (one filtered)."""
+
+    async def run() -> workloads.Result:
+        return await suite.phase(
+            "publish, HTTP",
+            None,
+            lambda p: workloads.http_publish(
+                suite.connector(url, token),
+                publishers=publishers,
+                batch=batch,
+                payload_bytes=payload_bytes,
+                seconds=seconds,
+                progress=p,
+            ),
+        )
+
+    suite.report_one(asyncio.run(run()))
+
+
+@bench_app.command("consume")
+def bench_consume(
+    url: Url,
+    token: Token = None,
+    consumers: Annotated[int, typer.Option(min=1)] = 4,
+    batch: Batch = 100,
+    wait: Annotated[float, typer.Option(min=0, max=30, help="Long-poll wait_seconds")] = 1,
+    messages: Annotated[int, typer.Option(min=1, help="Messages to publish first, then consume")] = 100_000,
+    payload_bytes: PayloadBytes = 230,
+) -> None:
+    """Publish a backlog, then consume and ack it all; checks nothing is lost or delivered twice."""
+
+    async def run() -> workloads.Result:
+        connect = suite.connector(url, token)
+        topic = workloads.unique("bench-con")
+        subscription = f"{topic}-s"
+        setup = connect()
+        await workloads.http_setup(setup, topic, [(subscription, None)])
+        with suite.progress_bar("publishing the backlog", None):
+            await workloads.http_fill(setup, topic, messages, payload_bytes)
+        setup.close()
+        result = await suite.phase(
+            "consume+ack, HTTP",
+            messages,
+            lambda p: workloads.http_consume(
+                connect,
+                subscription=subscription,
+                consumers=consumers,
+                batch=batch,
+                wait_seconds=wait,
+                seconds=600,
+                progress=p,
+            ),
+        )
+        result.extra["lost"] = messages - result.extra["distinct"]
+        return result
+
+    result = asyncio.run(run())
+    suite.report_one(result)
+    if result.extra["lost"] or result.extra["duplicates"]:
+        raise typer.Exit(1)
+
+
+@bench_app.command("e2e")
+def bench_e2e(
+    url: Url,
+    token: Token = None,
+    rate: Annotated[float, typer.Option(min=1, help="Messages per second")] = 100,
+    seconds: Seconds = 15,
+    payload_bytes: PayloadBytes = 230,
+) -> None:
+    """Publish at a fixed rate; a long-polling consumer reports latency percentiles."""
+
+    async def run() -> workloads.Result:
+        return await suite.phase(
+            f"end-to-end at {rate:g} msg/s",
+            int(rate * seconds),
+            lambda p: workloads.http_end_to_end(
+                suite.connector(url, token),
+                rate=rate,
+                seconds=seconds,
+                payload_bytes=payload_bytes,
+                progress=p,
+            ),
+        )
+
+    suite.report_one(asyncio.run(run()))
+
+
+@bench_app.command("sql")
+def bench_sql(
+    database_url: DatabaseUrl,
+    publishers: Annotated[int, typer.Option(min=1)] = 4,
+    consumers: Annotated[int, typer.Option(min=1)] = 4,
+    batch: Batch = 100,
+    payload_bytes: PayloadBytes = 230,
+    seconds: Seconds = 15,
+) -> None:
+    """The same publish and consume+ack work in plain SQL through psycopg: the ceiling for HTTP."""
+    from fastpubsub import migrate
+    from fastpubsub.database import libpq_url
+
+    url = libpq_url(database_url)
+
+    async def run() -> list[workloads.Result]:
+        await asyncio.to_thread(migrate.upgrade, url)
+        published = await suite.phase(
+            "publish, SQL",
+            None,
+            lambda p: workloads.sql_publish(
+                url,
+                publishers=publishers,
+                batch=batch,
+                payload_bytes=payload_bytes,
+                seconds=seconds,
+                progress=p,
+            ),
+        )
+        subscription = f"{published.extra['topic']}-a"
+        consumed = await suite.phase(
+            "consume+ack, SQL",
+            published.messages,
+            lambda p: workloads.sql_consume(
+                url, subscription=subscription, consumers=consumers, batch=batch, seconds=600, progress=p
+            ),
+        )
+        return [published, consumed]
+
+    for result in asyncio.run(run()):
+        suite.report_one(result)

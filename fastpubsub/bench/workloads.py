@@ -1,0 +1,394 @@
+"""Benchmark workloads: the same publish and consume+ack work over HTTP and over plain SQL.
+
+Every workload gets topics and subscriptions of its own (a unique prefix) and
+returns a Result. HTTP workloads run as asyncio tasks, each worker with a keep-alive
+connection of its own; SQL workloads call the stored functions through psycopg with one
+connection per worker and no HTTP at all: that is the ceiling HTTP is measured
+against.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import psycopg
+
+from fastpubsub.bench.client import Connection
+
+Progress = Callable[[int], None]
+
+
+@dataclass
+class Result:
+    """What a workload measured."""
+
+    name: str
+    messages: int
+    seconds: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.messages / self.seconds if self.seconds > 0 else 0.0
+
+
+def payload(i: int, size: int) -> dict[str, Any]:
+    """A message of about `size` bytes of JSON; every other one is kind "even"."""
+    base = {"event": "order.created", "kind": "even" if i % 2 == 0 else "odd", "order_id": i, "data": ""}
+    filler = max(size - len(orjson.dumps(base)), 0)
+    base["data"] = "x" * filler
+    return base
+
+
+def batch_body(size: int, payload_bytes: int) -> bytes:
+    return orjson.dumps([payload(i, payload_bytes) for i in range(size)])
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+# -- set-up ---------------------------------------------------------------------
+
+
+async def http_setup(http: Connection, topic: str, subscriptions: list[tuple[str, Any]]) -> None:
+    await http.post("/topics", orjson.dumps({"id": topic}), expect=201)
+    for subscription, filter in subscriptions:
+        body = {"id": subscription, "topic_id": topic, "filter": filter, "ack_deadline_seconds": 60}
+        await http.post("/subscriptions", orjson.dumps(body), expect=201)
+
+
+def sql_setup(url: str, topic: str, subscriptions: list[tuple[str, Any]]) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT fastpubsub.create_topic(%s)", (topic,))
+        for subscription, filter in subscriptions:
+            conn.execute(
+                "SELECT fastpubsub.create_subscription(%s, %s, %s::jsonb, 5, 1, 10, 60)",
+                (subscription, topic, None if filter is None else orjson.dumps(filter).decode()),
+            )
+
+
+def fan_out(topic: str) -> list[tuple[str, Any]]:
+    """Three subscriptions, one of them filtered to half of the messages."""
+    return [(f"{topic}-a", None), (f"{topic}-b", None), (f"{topic}-even", {"kind": ["even"]})]
+
+
+# -- running workers ----------------------------------------------------------
+
+
+async def run_for(
+    seconds: float, workers: int, work: Callable[[int], Awaitable[int]], progress: Progress | None = None
+) -> tuple[int, float]:
+    """Run `work(k)` in `workers` loops for `seconds` (or until one returns 0); total and elapsed."""
+    total = 0
+    stop = time.monotonic() + seconds
+
+    async def loop(k: int) -> None:
+        nonlocal total
+        while time.monotonic() < stop:
+            done = await work(k)
+            if done == 0:
+                return
+            total += done
+            if progress is not None:
+                progress(done)
+
+    started = time.monotonic()
+    await asyncio.gather(*(loop(k) for k in range(workers)))
+    return total, time.monotonic() - started
+
+
+# -- HTTP -----------------------------------------------------------------------
+# Each worker has a keep-alive connection of its own, as a real client would.
+
+Connect = Callable[[], Connection]
+
+
+async def http_publish(
+    connect: Connect,
+    *,
+    publishers: int,
+    batch: int,
+    payload_bytes: int,
+    seconds: float,
+    progress: Progress | None = None,
+) -> Result:
+    topic = unique("bench-pub")
+    await http_setup(connect(), topic, fan_out(topic))
+    body = batch_body(batch, payload_bytes)
+    connections = [connect() for _ in range(publishers)]
+    path = f"/topics/{topic}/messages"
+
+    async def work(k: int) -> int:
+        await connections[k].post(path, body, expect=204)
+        return batch
+
+    try:
+        total, elapsed = await run_for(seconds, publishers, work, progress)
+    finally:
+        for connection in connections:
+            connection.close()
+    return Result("publish (HTTP)", total, elapsed, {"topic": topic})
+
+
+async def http_fill(http: Connection, topic: str, messages: int, payload_bytes: int) -> None:
+    """Publish `messages` messages through the API in batches of 1000."""
+    body = batch_body(1000, payload_bytes)
+    for start in range(0, messages, 1000):
+        size = min(1000, messages - start)
+        await http.post(
+            f"/topics/{topic}/messages", body if size == 1000 else batch_body(size, payload_bytes), expect=204
+        )
+
+
+async def http_consume(
+    connect: Connect,
+    *,
+    subscription: str,
+    consumers: int,
+    batch: int,
+    wait_seconds: float,
+    seconds: float,
+    stop_after: int | None = None,
+    progress: Progress | None = None,
+) -> Result:
+    """Consume and ack until the backlog is empty (or `stop_after` messages, or time is up).
+
+    Every id is recorded: a message delivered twice is counted, so the result
+    says whether anything was lost or delivered twice.
+    """
+    seen: set[str] = set()
+    duplicates = 0
+    remaining = [stop_after if stop_after is not None else math.inf]
+    path = f"/subscriptions/{subscription}"
+    connections = [connect() for _ in range(consumers)]
+
+    async def work(k: int) -> int:
+        nonlocal duplicates
+        if remaining[0] <= 0:
+            return 0
+        params = {"consumer_id": f"bench-{k}", "batch_size": batch, "wait_seconds": wait_seconds}
+        body = await connections[k].get(f"{path}/messages", params=params)
+        ids = [message["id"] for message in orjson.loads(body)["data"]]
+        if not ids:
+            return 0
+        for message_id in ids:
+            if message_id in seen:
+                duplicates += 1
+            seen.add(message_id)
+        await connections[k].post(f"{path}/acks", orjson.dumps(ids), expect=204)
+        remaining[0] -= len(ids)
+        return len(ids)
+
+    try:
+        total, elapsed = await run_for(seconds, consumers, work, progress)
+    finally:
+        for connection in connections:
+            connection.close()
+    return Result("consume+ack (HTTP)", total, elapsed, {"duplicates": duplicates, "distinct": len(seen)})
+
+
+async def http_end_to_end(
+    connect: Connect,
+    *,
+    rate: float,
+    seconds: float,
+    payload_bytes: int,
+    progress: Progress | None = None,
+) -> Result:
+    """Publish one message every 1/rate s; a long-polling consumer measures publish -> receipt."""
+    topic = unique("bench-e2e")
+    subscription = f"{topic}-s"
+    setup, reader, writer = connect(), connect(), connect()
+    await http_setup(setup, topic, [(subscription, None)])
+    setup.close()
+    latencies: list[float] = []
+    sent: dict[int, float] = {}
+    expected = int(rate * seconds)
+    path = f"/subscriptions/{subscription}"
+
+    async def consumer() -> None:
+        received = 0
+        params = {"consumer_id": "e2e", "batch_size": 100, "wait_seconds": 5}
+        while received < expected:
+            messages = orjson.loads(await reader.get(f"{path}/messages", params=params))["data"]
+            now = time.perf_counter()
+            for message in messages:
+                latencies.append(now - sent[message["payload"]["seq"]])
+            received += len(messages)
+            if messages:
+                if progress is not None:
+                    progress(len(messages))
+                await reader.post(f"{path}/acks", orjson.dumps([m["id"] for m in messages]), expect=204)
+
+    async def publisher() -> None:
+        interval = 1 / rate
+        start = time.perf_counter()
+        for seq in range(expected):
+            delay = start + seq * interval - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            message = payload(seq, payload_bytes)
+            message["seq"] = seq
+            body = orjson.dumps([message])
+            sent[seq] = time.perf_counter()
+            await writer.post(f"/topics/{topic}/messages", body, expect=204)
+
+    listening = asyncio.create_task(consumer())
+    await asyncio.sleep(0.2)  # the consumer is waiting before the first publish
+    started = time.perf_counter()
+    try:
+        await publisher()
+        await asyncio.wait_for(listening, timeout=30)
+    finally:
+        reader.close()
+        writer.close()
+    elapsed = time.perf_counter() - started
+    ordered = sorted(latencies)
+
+    def percentile(p: float) -> float:
+        return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))] * 1000
+
+    extra = {
+        "p50_ms": percentile(50),
+        "p90_ms": percentile(90),
+        "p99_ms": percentile(99),
+        "max_ms": ordered[-1] * 1000,
+    }
+    return Result(f"end-to-end at {rate:g} msg/s (HTTP, long-poll)", len(latencies), elapsed, extra)
+
+
+# -- SQL (the ceiling) ------------------------------------------------------------
+
+
+async def sql_publish(
+    url: str,
+    *,
+    publishers: int,
+    batch: int,
+    payload_bytes: int,
+    seconds: float,
+    progress: Progress | None = None,
+) -> Result:
+    topic = unique("bench-sql-pub")
+    await asyncio.to_thread(sql_setup, url, topic, fan_out(topic))
+    body = batch_body(batch, payload_bytes).decode()
+    connections = [await psycopg.AsyncConnection.connect(url, autocommit=True) for _ in range(publishers)]
+    try:
+
+        async def work(k: int) -> int:
+            await connections[k].execute("SELECT fastpubsub.publish_v2(%s, %s::jsonb, false)", (topic, body))
+            return batch
+
+        total, elapsed = await run_for(seconds, publishers, work, progress)
+    finally:
+        for conn in connections:
+            await conn.close()
+    return Result("publish (SQL ceiling)", total, elapsed, {"topic": topic})
+
+
+def sql_fill(url: str, topic: str, messages: int, payload_bytes: int, batch: int = 1000) -> None:
+    body = batch_body(batch, payload_bytes).decode()
+    with psycopg.connect(url, autocommit=True) as conn:
+        for start in range(0, messages, batch):
+            size = min(batch, messages - start)
+            content = body if size == batch else batch_body(size, payload_bytes).decode()
+            conn.execute("SELECT fastpubsub.publish_v2(%s, %s::jsonb, false)", (topic, content))
+
+
+async def sql_consume(
+    url: str,
+    *,
+    subscription: str,
+    consumers: int,
+    batch: int,
+    seconds: float,
+    stop_after: int | None = None,
+    progress: Progress | None = None,
+) -> Result:
+    connections = [await psycopg.AsyncConnection.connect(url, autocommit=True) for _ in range(consumers)]
+    seen: set[Any] = set()
+    duplicates = 0
+    remaining = [stop_after if stop_after is not None else math.inf]
+    try:
+
+        async def work(k: int) -> int:
+            nonlocal duplicates
+            if remaining[0] <= 0:
+                return 0
+            cursor = await connections[k].execute(
+                "SELECT id FROM fastpubsub.consume_v2(%s, %s, %s)", (subscription, f"bench-{k}", batch)
+            )
+            ids = [row[0] for row in await cursor.fetchall()]
+            if not ids:
+                return 0
+            for message_id in ids:
+                duplicates += message_id in seen
+                seen.add(message_id)
+            await connections[k].execute("SELECT fastpubsub.ack(%s, %s::uuid[])", (subscription, ids))
+            remaining[0] -= len(ids)
+            return len(ids)
+
+        total, elapsed = await run_for(seconds, consumers, work, progress)
+    finally:
+        for conn in connections:
+            await conn.close()
+    return Result(
+        "consume+ack (SQL ceiling)", total, elapsed, {"duplicates": duplicates, "distinct": len(seen)}
+    )
+
+
+def wal_per_message(url: str, messages: int, payload_bytes: int, batch: int = 100) -> Result:
+    """WAL bytes written per message for publish, consume and ack on one subscription."""
+    topic = unique("bench-wal")
+    subscription = f"{topic}-s"
+    sql_setup(url, topic, [(subscription, None)])
+    body = batch_body(batch, payload_bytes).decode()
+    with psycopg.connect(url, autocommit=True) as conn:
+        # Page images after a checkpoint are not part of a message's cost. A role
+        # that may not checkpoint gets a figure that includes some of them.
+        with contextlib.suppress(psycopg.Error):
+            conn.execute("CHECKPOINT")
+
+        def lsn() -> Any:
+            return conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]  # type: ignore[index]
+
+        def diff(a: Any, b: Any) -> int:
+            return int(conn.execute("SELECT pg_wal_lsn_diff(%s, %s)", (b, a)).fetchone()[0])  # type: ignore[index]
+
+        marks = [lsn()]
+        for _ in range(messages // batch):
+            conn.execute("SELECT fastpubsub.publish_v2(%s, %s::jsonb, false)", (topic, body))
+        marks.append(lsn())
+        leased = []
+        for _ in range(messages // batch):
+            cursor = conn.execute(
+                "SELECT id FROM fastpubsub.consume_v2(%s, 'wal', %s)", (subscription, batch)
+            )
+            leased.append([row[0] for row in cursor.fetchall()])
+        marks.append(lsn())
+        for ids in leased:
+            conn.execute("SELECT fastpubsub.ack(%s, %s::uuid[])", (subscription, ids))
+        marks.append(lsn())
+        n = (messages // batch) * batch
+        per = [diff(marks[i], marks[i + 1]) / n for i in range(3)]
+    return Result(
+        "WAL per message lifecycle",
+        n,
+        0.0,
+        {
+            "publish": per[0],
+            "consume": per[1],
+            "ack": per[2],
+            "total_bytes": sum(per),
+            "payload_bytes": payload_bytes,
+        },
+    )
