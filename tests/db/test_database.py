@@ -139,6 +139,20 @@ async def test_errors_become_fastpubsub_exceptions(db: Database) -> None:
         await db.create_subscription("s", "t")
 
 
+async def test_ids_are_passed_as_one_array_without_splitting(db: Database) -> None:
+    await db.create_topic("t")
+    await db.create_subscription("s", "t")
+    [first, second] = await db.publish("t", [{"n": 1}, {"n": 2}])
+    await db.consume("s", "w", 2)
+    # A string that looks like two elements, or closes the array, stays one (invalid) id.
+    for sneaky in (f"{first},{second}", f'{first}"}}', "}", '"', "\\"):
+        with pytest.raises(InvalidInputError):
+            await db.ack("s", [sneaky])
+    assert await db.ack("s", []) == 0
+    # Strings and UUID objects, in any mix, name the same messages.
+    assert await db.ack("s", [str(first), second]) == 2
+
+
 async def test_unreachable_database_is_unavailable() -> None:
     database = Database(f"postgresql://postgres@127.0.0.1:{free_port()}/nowhere")
     try:
