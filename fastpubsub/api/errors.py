@@ -99,6 +99,13 @@ async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(500, "internal error; see the server log for request " + str(request_id.get()))
 
 
+async def response_for(request: Request, exc: Exception) -> JSONResponse:
+    """The error response the application's handlers give for `exc` (for code outside the router)."""
+    if isinstance(exc, FastPubSubError):
+        return await _fastpubsub_error(request, exc)
+    return await _unexpected_error(request, exc)
+
+
 def install(app: FastAPI) -> None:
     app.add_exception_handler(FastPubSubError, _fastpubsub_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

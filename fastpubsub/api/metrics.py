@@ -11,11 +11,16 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable, Iterator
+from typing import Any, cast
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import REGISTRY, Collector
+from prometheus_fastapi_instrumentator.middleware import PrometheusInstrumentatorMiddleware
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
 
 from fastpubsub.database import Database
 from fastpubsub.models import SubscriptionBacklog
@@ -80,3 +85,41 @@ class MetricsExporter:
         backlog_registry = CollectorRegistry()
         backlog_registry.register(_Backlog(self._backlog))
         return body + generate_latest(backlog_registry)
+
+
+class InstrumentatorMiddleware(PrometheusInstrumentatorMiddleware):
+    """The HTTP metrics middleware, remembering which route template a path belongs to.
+
+    Finding the template means trying every route of the application, which
+    costs more than the rest of a small request. The answer for a method and
+    path never changes, so it is kept (up to `MAX_REMEMBERED` paths, then
+    forgotten all at once so odd paths cannot grow the table without bound).
+    """
+
+    MAX_REMEMBERED = 4096
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._handlers: dict[tuple[str, str, str], tuple[str, bool]] = {}
+
+    def _get_handler(self, request: Request) -> tuple[str, bool]:
+        scope = request.scope
+        key = (scope.get("root_path", ""), scope["method"], scope["path"])
+        handler = self._handlers.get(key)
+        if handler is None:
+            handler = super()._get_handler(request)
+            if len(self._handlers) >= self.MAX_REMEMBERED:
+                self._handlers.clear()
+            self._handlers[key] = handler
+        return handler
+
+
+def use_remembering_instrumentator(app: Starlette) -> None:
+    """Swap the instrumentator's middleware, already added to `app`, for `InstrumentatorMiddleware`."""
+    for index, middleware in enumerate(app.user_middleware):
+        if middleware.cls is cast(object, PrometheusInstrumentatorMiddleware):
+            app.user_middleware[index] = Middleware(
+                InstrumentatorMiddleware, *middleware.args, **middleware.kwargs
+            )
+            return
+    raise RuntimeError("the Prometheus instrumentator middleware is not installed")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Annotated
 from uuid import UUID
 
@@ -188,22 +188,23 @@ async def consume_waiting(
     consumer_id: str,
     batch_size: int,
     wait_seconds: float,
-) -> list[Message]:
+) -> tuple[int, str]:
     """Lease messages; with nothing to lease, wait (up to wait_seconds) until something may be.
 
-    The waiter is registered before each consume, so a publish that lands in
-    between still wakes it. Besides notifications, it wakes when a retry backoff
-    or a lease ends (next_due) and, while the listener is disconnected, every second.
+    Returns how many were leased and the JSON array of them. The waiter is
+    registered before each consume, so a publish that lands in between still
+    wakes it. Besides notifications, it wakes when a retry backoff or a lease
+    ends (next_due) and, while the listener is disconnected, every second.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_seconds
     with listener.waiter(subscription_id) as woken:
         while True:
             woken.clear()
-            messages = await database.consume(subscription_id, consumer_id, batch_size)
+            leased, data = await database.consume_json(subscription_id, consumer_id, batch_size)
             remaining = deadline - loop.time()
-            if messages or remaining <= 0:
-                return messages
+            if leased or remaining <= 0:
+                return leased, data
             timeout = remaining
             due = await database.next_due(subscription_id)
             if due is not None:
@@ -214,7 +215,7 @@ async def consume_waiting(
                 await asyncio.wait_for(woken.wait(), timeout)
             except TimeoutError:
                 if loop.time() >= deadline:
-                    return []
+                    return 0, "[]"
 
 
 @router.get(
@@ -236,15 +237,28 @@ async def consume_messages(
     wait_seconds: Annotated[float, Query(ge=0, le=30, description="Long-poll up to this long")] = 0,
 ) -> Response:
     principal.require("subscriptions:consume", subscription_id)
+    body = await consume_page(database, listener, subscription_id, consumer_id, batch_size, wait_seconds)
+    return Response(body, media_type="application/json")
+
+
+async def consume_page(
+    database: Database,
+    listener: NotificationListener,
+    subscription_id: str,
+    consumer_id: str,
+    batch_size: int,
+    wait_seconds: float,
+) -> bytes:
+    """Lease (waiting up to wait_seconds when there is nothing) and return the response body."""
     if wait_seconds > 0:
-        messages = await consume_waiting(
+        leased, data = await consume_waiting(
             database, listener, subscription_id, consumer_id, batch_size, wait_seconds
         )
     else:
-        messages = await database.consume(subscription_id, consumer_id, batch_size)
-    if messages:
-        CONSUMED.labels(subscription_id).inc(len(messages))
-    return Response(_messages_json(subscription_id, messages), media_type="application/json")
+        leased, data = await database.consume_json(subscription_id, consumer_id, batch_size)
+    if leased:
+        CONSUMED.labels(subscription_id).inc(leased)
+    return b'{"data":' + data.encode() + b"}"
 
 
 @router.post(
@@ -258,9 +272,13 @@ async def ack_messages(
     subscription_id: SubscriptionId, ids: IdList, database: DatabaseDep, principal: PrincipalDep
 ) -> Response:
     principal.require("subscriptions:consume", subscription_id)
+    await ack(database, subscription_id, ids)
+    return Response(status_code=204)
+
+
+async def ack(database: Database, subscription_id: str, ids: Sequence[UUID | str]) -> None:
     if ids:
         ACKED.labels(subscription_id).inc(await database.ack(subscription_id, ids))
-    return Response(status_code=204)
 
 
 @router.post(
