@@ -153,7 +153,7 @@ def serve(settings: Settings, host: str, port: int, workers: int) -> None:
     options = {
         "bind": f"{host}:{port}",
         "workers": workers,
-        "worker_class": "uvicorn_worker.UvicornWorker",
+        "worker_class": "fastpubsub.api.worker.Worker",
         # Long-polls last up to 30 s: give requests room before a worker is recycled.
         "timeout": 90,
         "graceful_timeout": 35,
@@ -440,6 +440,71 @@ def rotate_client_secret(client_id: Annotated[str, typer.Argument(help="Client i
     secret = run(work)
     typer.echo(f"client_id={key}")
     typer.echo(f"client_secret={secret}")
+
+
+# ---------------------------------------------------------------------------
+# Reporting (Spark)
+# ---------------------------------------------------------------------------
+
+
+@app.command("report")
+def report(
+    since: Annotated[str, typer.Option(help="Window start: 30m, 24h, 7d or an ISO 8601 time")] = "24h",
+    until: Annotated[str | None, typer.Option(help="Window end: same forms [now]")] = None,
+    out: Annotated[Path, typer.Option(help="Directory for the reports")] = Path("reports"),
+    master: Annotated[str, typer.Option(help="Spark master")] = "local[*]",
+    partitions: Annotated[int, typer.Option(min=1, max=1024, help="JDBC partitions per large table")] = 4,
+    fetchsize: Annotated[int, typer.Option(min=1, help="JDBC fetch size (rows per round trip)")] = 10000,
+    database_url: Annotated[
+        str | None, typer.Option(help="PostgreSQL URL [FASTPUBSUB_DATABASE_URL]", show_default=False)
+    ] = None,
+    download_jdbc: Annotated[
+        bool, typer.Option(help="Let Spark download the JDBC driver when no jar is found locally")
+    ] = False,
+) -> None:
+    """Spark report: delivery outcomes, ack latency, throughput per hour (Parquet, CSV, PNG, Markdown)."""
+    from fastpubsub import report as helpers
+
+    settings = _settings()
+    url = database_url or _database_url(settings)
+    try:
+        start, end = helpers.parse_window(since, until)
+        target = helpers.to_jdbc(url)
+        if helpers.find_java() is None:
+            raise ConfigurationError("no Java runtime found: install Java 17 or later, or set JAVA_HOME")
+        driver = helpers.find_jdbc_driver(settings.jdbc_jar, allow_download=download_jdbc)
+        try:
+            import pyspark  # noqa: F401
+        except ImportError:
+            raise ConfigurationError("PySpark is not installed: install the 'spark' extra") from None
+        job = helpers.load_job()
+        helpers.check_database(url)
+    except FastPubSubError as exc:
+        raise fail(exc.message, next((c for k, c in EXIT_CODES.items() if isinstance(exc, k)), 1)) from None
+    typer.echo(
+        f"reading {target.masked_url} from {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC "
+        f"({partitions} partitions, driver {driver.describe()})",
+        err=True,
+    )
+    from pyspark.sql import SparkSession
+
+    existing = SparkSession.getActiveSession()
+    spark = None
+    try:
+        spark = helpers.start_spark(master, driver)
+        result = job.run_report(
+            spark, target, out, since=start, until=end, partitions=partitions, fetchsize=fetchsize
+        )
+    except Exception as exc:
+        if _state["verbose"]:
+            traceback.print_exc()
+        message, unreachable = helpers.spark_error_message(exc)
+        raise fail(f"report failed: {message}", 5 if unreachable else 1) from None
+    finally:
+        if spark is not None and existing is None:
+            spark.stop()
+    typer.echo(result.summary)
+    typer.echo(f"wrote {len(result.files)} files to {out} in {result.seconds['total']:.1f}s", err=True)
 
 
 def _register_bench() -> None:

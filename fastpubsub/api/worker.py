@@ -1,0 +1,187 @@
+"""The gunicorn worker class: uvicorn's, sharing incoming connections between workers.
+
+All workers listen on one socket. Left to itself, the event loop accepts every
+pending connection in one go, so a burst (a client opening its pool, a load
+balancer reconnecting) lands on whichever worker woke first while the others
+idle, and keep-alive connections then stay there for good.
+
+Here the workers publish how many connections each holds in a small table of
+shared memory (created by the gunicorn master, inherited by every worker it
+forks). A worker that holds more than the least busy one lets a new
+connection wait for that one, briefly (`YIELD_SECONDS`, at most `MAX_YIELDS`
+times in a row, after which it takes the connection itself: the other worker
+may be stuck on something long). Requests on open connections are never held
+up; only the accept of a new connection by a busier worker is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import multiprocessing
+import os
+import socket
+import sys
+
+from gunicorn.arbiter import Arbiter
+from uvicorn.config import Config
+from uvicorn.server import Server
+from uvicorn_worker import UvicornWorker
+
+logger = logging.getLogger("fastpubsub.server")
+
+YIELD_SECONDS = 0.002
+MAX_YIELDS = 5
+SLOTS = 128  # workers beyond this many accept freely
+
+# One slot per worker: its pid and how many connections it holds. Created when
+# the master imports this module, before it forks any worker.
+_pids = multiprocessing.RawArray(ctypes.c_int, SLOTS)
+_loads = multiprocessing.RawArray(ctypes.c_int, SLOTS)
+_claim = multiprocessing.Lock()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def claim_slot() -> int | None:
+    """Take a free slot (or one whose worker has died) for this process."""
+    me = os.getpid()
+    with _claim:
+        for slot in range(SLOTS):
+            pid = _pids[slot]
+            if pid == 0 or pid == me or not _alive(pid):
+                _pids[slot] = me
+                _loads[slot] = 0
+                return slot
+    return None
+
+
+def release_slot(slot: int | None) -> None:
+    if slot is not None:
+        with _claim:
+            if _pids[slot] == os.getpid():
+                _pids[slot] = 0
+                _loads[slot] = 0
+
+
+def least_busy_elsewhere(slot: int) -> int | None:
+    """The fewest connections any other live worker holds (None when there is none)."""
+    fewest: int | None = None
+    for other in range(SLOTS):
+        pid = _pids[other]
+        if other == slot or pid == 0:
+            continue
+        load = _loads[other]
+        if (fewest is None or load < fewest) and _alive(pid):
+            fewest = load
+    return fewest
+
+
+class SharingServer(Server):
+    """A uvicorn server that accepts connections itself, one at a time, sharing them out."""
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        self._listeners: list[socket.socket] = []
+        self._rearm: dict[int, asyncio.TimerHandle] = {}
+        self._yields: dict[int, int] = {}
+        self._starting: set[asyncio.Task[object]] = set()
+        self._slot: int | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        # Run uvicorn's start-up (lifespan, state) without letting it create servers.
+        await super().startup(sockets=[])
+        self._slot = claim_slot()
+        loop = asyncio.get_running_loop()
+        for listener in sockets or []:
+            listener.setblocking(False)
+            self._listeners.append(listener)
+            loop.add_reader(listener.fileno(), self._accept_one, listener)
+
+    async def on_tick(self, counter: int) -> bool:
+        self._publish_load()  # connections also close: keep the table current
+        return await super().on_tick(counter)
+
+    def _publish_load(self, extra: int = 0) -> int:
+        load = len(self.server_state.connections) + len(self._starting) + extra
+        if self._slot is not None:
+            _loads[self._slot] = load
+        return load
+
+    def _protocol(self) -> asyncio.Protocol:
+        return self.config.http_protocol_class(  # type: ignore[call-arg]  # uvicorn's protocols take these
+            config=self.config,
+            server_state=self.server_state,
+            app_state=self.lifespan.state,
+        )
+
+    def _accept_one(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        fd = listener.fileno()
+        if self._slot is not None and self._yields.get(fd, 0) < MAX_YIELDS:
+            fewest = least_busy_elsewhere(self._slot)
+            if fewest is not None and self._publish_load() > fewest:
+                self._yields[fd] = self._yields.get(fd, 0) + 1
+                self._pause(listener, YIELD_SECONDS)
+                return
+        self._yields[fd] = 0
+        try:
+            connection, _ = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return  # another worker took it
+        except OSError:
+            return  # e.g. the client reset before we got to it, or too many open files
+        connection.setblocking(False)
+        task = loop.create_task(loop.connect_accepted_socket(self._protocol, connection, ssl=self.config.ssl))
+        self._starting.add(task)
+        task.add_done_callback(self._started)
+        self._publish_load()
+        # One connection per turn of the event loop, so the others get a look in.
+        self._pause(listener, 0)
+
+    def _pause(self, listener: socket.socket, seconds: float) -> None:
+        loop = asyncio.get_running_loop()
+        fd = listener.fileno()
+        loop.remove_reader(fd)
+        self._rearm[fd] = loop.call_later(seconds, self._resume, listener)
+
+    def _started(self, task: asyncio.Task[object]) -> None:
+        self._starting.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.debug("a connection could not be set up: %s", task.exception())
+
+    def _resume(self, listener: socket.socket) -> None:
+        self._rearm.pop(listener.fileno(), None)
+        if self.should_exit:
+            return
+        asyncio.get_running_loop().add_reader(listener.fileno(), self._accept_one, listener)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        for handle in self._rearm.values():
+            handle.cancel()
+        self._rearm.clear()
+        for listener in self._listeners:
+            loop.remove_reader(listener.fileno())
+        release_slot(self._slot)
+        self._slot = None
+        await super().shutdown(sockets=sockets)
+
+
+class Worker(UvicornWorker):  # type: ignore[misc]  # uvicorn-worker has no type information
+    async def _serve(self) -> None:
+        self.config.app = self.wsgi
+        server = SharingServer(config=self.config)
+        self._install_sigquit_handler()
+        await server.serve(sockets=self.sockets)
+        if not server.started:
+            sys.exit(Arbiter.WORKER_BOOT_ERROR)
