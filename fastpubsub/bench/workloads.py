@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 import psycopg
+from psycopg.types.json import set_json_loads
 
 from fastpubsub.bench.client import Connection
 
@@ -315,6 +316,8 @@ async def sql_consume(
     progress: Progress | None = None,
 ) -> Result:
     connections = [await psycopg.AsyncConnection.connect(url, autocommit=True) for _ in range(consumers)]
+    for connection in connections:
+        set_json_loads(orjson.loads, connection)  # the same JSON parser the HTTP client uses
     seen: set[Any] = set()
     duplicates = 0
     remaining = [stop_after if stop_after is not None else math.inf]
@@ -324,8 +327,11 @@ async def sql_consume(
             nonlocal duplicates
             if remaining[0] <= 0:
                 return 0
+            # Everything the API returns for a message, as a consumer needs it.
             cursor = await connections[k].execute(
-                "SELECT id FROM fastpubsub.consume_v2(%s, %s, %s)", (subscription, f"bench-{k}", batch)
+                "SELECT id, payload, attempts, created_at, attributes, priority"
+                " FROM fastpubsub.consume_v2(%s, %s, %s)",
+                (subscription, f"bench-{k}", batch),
             )
             ids = [row[0] for row in await cursor.fetchall()]
             if not ids:

@@ -1,0 +1,79 @@
+"""`fastpubsub bench` against the real server and database: each workload runs and checks itself."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from collections.abc import Callable
+
+import pytest
+
+from fastpubsub.bench.client import Connection, HttpError
+from tests.e2e.conftest import FASTPUBSUB, Server, base_env
+
+
+def bench(*args: str) -> dict[str, object]:
+    """Run a bench command; the last line of its output is its JSON result."""
+    result = subprocess.run(
+        [FASTPUBSUB, "bench", *args], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return dict(json.loads(result.stdout.strip().splitlines()[-1]))
+
+
+@pytest.fixture
+def server(database_url: str, run_server: Callable[..., Server]) -> Server:
+    return run_server(base_env(database_url))
+
+
+def test_publish_consume_and_end_to_end_over_http(server: Server) -> None:
+    published = bench("publish", "--url", server.url, "--seconds", "1", "--publishers", "2", "--batch", "20")
+    assert published["workload"] == "publish (HTTP)"
+    assert published["messages"] > 0  # type: ignore[operator]
+    assert published["msgs_per_s"] > 0  # type: ignore[operator]
+
+    consumed = bench("consume", "--url", server.url, "--messages", "3000", "--consumers", "3", "--batch", "50")
+    assert consumed["messages"] == 3000
+    assert consumed["distinct"] == 3000
+    assert consumed["duplicates"] == 0
+    assert consumed["lost"] == 0
+
+    e2e = bench("e2e", "--url", server.url, "--seconds", "2", "--rate", "50")
+    assert e2e["messages"] >= 90  # about 100 published in 2 s, every one received
+    assert 0 < e2e["p50_ms"] <= e2e["p99_ms"] < 2000  # type: ignore[operator]
+
+
+def test_the_sql_ceiling_runs_the_same_work_without_http(database_url: str) -> None:
+    subprocess.run([FASTPUBSUB, "db-migrate"], env=base_env(database_url), check=True, capture_output=True)
+    result = subprocess.run(
+        [FASTPUBSUB, "bench", "sql", "--database-url", database_url, "--seconds", "1", "--batch", "50"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    by_name = {line["workload"]: line for line in lines}
+    assert by_name["publish (SQL ceiling)"]["msgs_per_s"] > 0
+    assert by_name["consume+ack (SQL ceiling)"]["messages"] > 0
+    assert by_name["consume+ack (SQL ceiling)"]["duplicates"] == 0
+
+
+def test_the_lean_client_keeps_one_connection_and_reports_unexpected_statuses(server: Server) -> None:
+    async def scenario() -> None:
+        connection = Connection(server.url)
+        try:
+            await connection.post("/topics", b'{"id": "lean"}', expect=201)
+            writer = connection._writer
+            assert b'"id":"lean"' in (await connection.get("/topics/lean")).replace(b" ", b"")
+            assert connection._writer is writer  # the same keep-alive connection
+            with pytest.raises(HttpError, match="404"):
+                await connection.get("/topics/missing")
+            # An error answer leaves the connection usable.
+            assert (await connection.request("DELETE", "/topics/lean")).status == 204
+        finally:
+            connection.close()
+
+    asyncio.run(scenario())
