@@ -7,6 +7,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY fastpubsub ./fastpubsub
 COPY migrations ./migrations
+COPY spark ./spark
 RUN python -m venv /opt/fastpubsub && /opt/fastpubsub/bin/pip install .
 
 FROM python:3.11-slim

@@ -44,7 +44,7 @@ migrate: $(STAMP) ## Apply database migrations to FASTPUBSUB_DATABASE_URL
 	$(BIN)/fastpubsub db-migrate
 
 bench: $(STAMP) ## Run the benchmark suite (see benchmarks/README.md)
-	$(BIN)/python benchmarks/run.py
+	$(BIN)/fastpubsub bench all
 
 report: $(STAMP) ## Spark report over the last 24 hours into reports/
 	$(BIN)/fastpubsub report --since 24h --out reports/

@@ -33,7 +33,9 @@ def test_publish_consume_and_end_to_end_over_http(server: Server) -> None:
     assert published["messages"] > 0  # type: ignore[operator]
     assert published["msgs_per_s"] > 0  # type: ignore[operator]
 
-    consumed = bench("consume", "--url", server.url, "--messages", "3000", "--consumers", "3", "--batch", "50")
+    consumed = bench(
+        "consume", "--url", server.url, "--messages", "3000", "--consumers", "3", "--batch", "50"
+    )
     assert consumed["messages"] == 3000
     assert consumed["distinct"] == 3000
     assert consumed["duplicates"] == 0

@@ -14,7 +14,9 @@ def results(**changes: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
         "sql_publish": Result("publish (SQL ceiling)", 300_000, 10),
         "http_publish": Result("publish (HTTP)", 240_000, 10),
-        "sql_consume": Result("consume+ack (SQL ceiling)", 150_000, 5, {"duplicates": 0, "distinct": 150_000}),
+        "sql_consume": Result(
+            "consume+ack (SQL ceiling)", 150_000, 5, {"duplicates": 0, "distinct": 150_000}
+        ),
         "http_consume": Result("consume+ack (HTTP)", 150_000, 6, {"duplicates": 0, "distinct": 150_000}),
         "e2e": Result("end-to-end", 1500, 15, {"p50_ms": 3.2, "p99_ms": 9.0}),
         "backlog": {"rate_small": 25_000.0, "rate_large": 24_000.0, "ratio": 0.96},

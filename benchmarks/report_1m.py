@@ -1,0 +1,133 @@
+"""Time the Spark report over 1,000,000 delivery rows with 1 and with 4 JDBC partitions.
+
+    python benchmarks/report_1m.py [--url URL] [--rows 1000000] [--master local[*]]
+
+Without --url (or FASTPUBSUB_DATABASE_URL) it starts a throwaway embedded
+PostgreSQL. Rows are generated server-side (INSERT ... SELECT generate_series):
+one topic with 4 subscriptions, rows/4 messages over the last 23 hours; 70 % of
+the delivery rows are acked (acked_deliveries, 10 % of those on a 2nd attempt),
+the rest stay in deliveries: 10 % dead-lettered, 10 % scheduled, 10 % available.
+The URL's database must be migrated and is filled with this data: use a scratch one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import psycopg
+
+from fastpubsub import migrate
+from fastpubsub import report as helpers
+from fastpubsub.database import libpq_url
+from fastpubsub.embedded import EPHEMERAL_SETTINGS, EmbeddedPostgres
+
+SUBSCRIPTIONS = 4
+
+SEED_SQL = [
+    "SELECT fastpubsub.create_topic('bench-report')",
+    *[
+        f"SELECT fastpubsub.create_subscription('bench-report-{i}', 'bench-report', NULL, 5, 1, 60, 30)"
+        for i in range(SUBSCRIPTIONS)
+    ],
+    # Messages spread evenly over the last 23 hours, ids in the UUIDv7 layout.
+    """INSERT INTO fastpubsub.messages (created_at, id, topic_key, fanout, payload)
+       SELECT x.ts, fastpubsub._message_id(x.ts, g), t.key, %(subs)s, jsonb_build_object('n', g)
+       FROM fastpubsub.topics AS t,
+            generate_series(1, %(messages)s) AS g,
+            LATERAL (SELECT now() - interval '23 hours' + g * (interval '23 hours' / %(messages)s) AS ts) AS x
+       WHERE t.id = 'bench-report'""",
+    # Acked: 7 in 10 (by message number); latency 0-20 s; every 10th on a 2nd attempt.
+    """INSERT INTO fastpubsub.acked_deliveries (acked_at, message_id, subscription_key, attempts)
+       SELECT m.created_at + make_interval(secs => ((m.payload->>'n')::int * 7919 %% 20000) / 1000.0),
+              m.id, s.key, CASE WHEN (m.payload->>'n')::int %% 100 < 10 THEN 2 ELSE 1 END
+       FROM fastpubsub.messages AS m JOIN fastpubsub.subscriptions AS s ON s.topic_key = m.topic_key
+       WHERE (m.payload->>'n')::int %% 10 < 7""",
+    # Still pending: dead-lettered, scheduled for a retry, or available.
+    """INSERT INTO fastpubsub.deliveries (visible_at, seq, message_id, subscription_key, status, attempts)
+       SELECT CASE WHEN r.n %% 10 = 8 THEN now() + interval '1 minute' ELSE r.created_at END,
+              nextval('fastpubsub.delivery_seq'), r.id, r.key,
+              CASE r.n %% 10 WHEN 7 THEN 'dlq' WHEN 8 THEN 'scheduled' ELSE 'available' END
+                  ::fastpubsub.delivery_status,
+              CASE r.n %% 10 WHEN 7 THEN 5 WHEN 8 THEN 1 ELSE 0 END
+       FROM (SELECT m.created_at, m.id, s.key, (m.payload->>'n')::int AS n
+             FROM fastpubsub.messages AS m JOIN fastpubsub.subscriptions AS s ON s.topic_key = m.topic_key
+             WHERE (m.payload->>'n')::int %% 10 >= 7
+             ORDER BY s.key, m.id) AS r""",
+]
+
+
+def seed(url: str, rows: int) -> dict[str, int]:
+    messages = rows // SUBSCRIPTIONS
+    with psycopg.connect(libpq_url(url), autocommit=True) as conn:
+        for sql in SEED_SQL:
+            conn.execute(sql, {"subs": SUBSCRIPTIONS, "messages": messages})
+        conn.execute("VACUUM ANALYZE fastpubsub.messages, fastpubsub.deliveries, fastpubsub.acked_deliveries")
+        counts = {}
+        for table in ("messages", "deliveries", "acked_deliveries"):
+            row = conn.execute(f"SELECT count(*) FROM fastpubsub.{table}").fetchone()  # noqa: S608
+            assert row is not None
+            counts[table] = int(row[0])
+    return counts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default=os.environ.get("FASTPUBSUB_DATABASE_URL"))
+    parser.add_argument("--rows", type=int, default=1_000_000, help="delivery rows to generate")
+    parser.add_argument("--master", default="local[*]")
+    parser.add_argument("--out", default=None, help="report directory [a temporary one]")
+    args = parser.parse_args()
+
+    embedded = None
+    url = args.url
+    if not url:
+        embedded = EmbeddedPostgres(
+            Path(tempfile.mkdtemp(prefix="fastpubsub-bench-")), settings=EPHEMERAL_SETTINGS
+        )
+        url = embedded.start().url(driver="")
+    try:
+        migrate.upgrade(url)
+        started = time.monotonic()
+        counts = seed(url, args.rows)
+        print(
+            f"seeded {counts['deliveries'] + counts['acked_deliveries']:,} delivery rows "
+            f"({counts['acked_deliveries']:,} acked, {counts['deliveries']:,} pending) "
+            f"and {counts['messages']:,} messages in {time.monotonic() - started:.1f}s"
+        )
+        driver = helpers.find_jdbc_driver(helpers.get_configured_jar())
+        spark = helpers.start_spark(args.master, driver, extra_conf={"spark.driver.memory": "2g"})
+        job = helpers.load_job()
+        target = helpers.to_jdbc(url)
+        now = datetime.now(UTC)
+        since, until = now - timedelta(hours=24), now
+        out = Path(args.out or tempfile.mkdtemp(prefix="fastpubsub-report-"))
+        # A small warm-up so that neither timed run pays for JVM class loading alone.
+        job.run_report(
+            spark, target, out / "warmup", since=now - timedelta(minutes=1), until=now, partitions=1
+        )
+        timings = {}
+        for partitions in (1, 4):
+            started = time.monotonic()
+            result = job.run_report(
+                spark, target, out / f"p{partitions}", since=since, until=until, partitions=partitions
+            )
+            timings[partitions] = time.monotonic() - started
+            print(f"partitions={partitions}: {timings[partitions]:.1f}s ({result.rows})")
+        spark.stop()
+        print(
+            f"report over {args.rows:,} delivery rows: "
+            f"1 partition {timings[1]:.1f}s, 4 partitions {timings[4]:.1f}s"
+        )
+        print(f"reports in {out}")
+    finally:
+        if embedded is not None:
+            embedded.destroy()
+
+
+if __name__ == "__main__":
+    main()

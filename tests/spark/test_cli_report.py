@@ -1,0 +1,108 @@
+"""`fastpubsub report` through Typer's runner: clear one-line errors and one real run."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from fastpubsub import report as helpers
+from fastpubsub.cli import app
+from fastpubsub.embedded import free_port
+from fastpubsub.settings import get_settings
+from tests.spark.conftest import requires_java
+from tests.spark.seed import EXPECTED, seed
+
+
+@pytest.fixture
+def invoke(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    runner = CliRunner()
+
+    def _invoke(*args: str, **env: str) -> Result:
+        for key, value in env.items():
+            monkeypatch.setenv(f"FASTPUBSUB_{key.upper()}", value)
+        get_settings.cache_clear()
+        return runner.invoke(app, ["report", *args])
+
+    yield _invoke
+    get_settings.cache_clear()
+
+
+def one_line_error(result: Result) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+def test_help(invoke: Any) -> None:
+    result = invoke("--help")
+    assert result.exit_code == 0
+    for option in ("--since", "--until", "--out", "--master", "--partitions", "--database-url"):
+        assert option in result.output
+
+
+def test_missing_jdbc_jar(invoke: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setattr(helpers, "SYSTEM_JDBC_JAR", tmp_path / "none.jar")
+    monkeypatch.setattr(helpers, "find_java", lambda: Path("/usr/bin/java"))
+    result = invoke("--database-url", "postgresql://u:TopSecret99@127.0.0.1:1/db", "--out", str(tmp_path))
+    assert result.exit_code == 6
+    assert "no PostgreSQL JDBC driver found" in one_line_error(result)
+    assert "TopSecret99" not in result.output + result.stderr
+
+
+def test_configured_jar_missing(invoke: Any, tmp_path: Path) -> None:
+    result = invoke("--database-url", "postgresql://u@127.0.0.1:1/db", jdbc_jar=str(tmp_path / "nope.jar"))
+    assert result.exit_code == 6
+    assert "FASTPUBSUB_JDBC_JAR" in one_line_error(result)
+
+
+def test_no_java(invoke: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(helpers, "find_java", lambda: None)
+    result = invoke("--database-url", "postgresql://u@127.0.0.1:1/db")
+    assert result.exit_code == 6
+    assert "no Java runtime" in one_line_error(result)
+
+
+def test_bad_since(invoke: Any) -> None:
+    result = invoke("--since", "yesterday", "--database-url", "postgresql://u@127.0.0.1:1/db")
+    assert result.exit_code == 2
+    assert "yesterday" in one_line_error(result)
+
+
+def test_database_unreachable(invoke: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(helpers, "find_java", lambda: Path("/usr/bin/java"))
+    monkeypatch.setattr(
+        helpers, "find_jdbc_driver", lambda *a, **k: helpers.JdbcDriver("test", jar=Path("x.jar"))
+    )
+    url = f"postgresql://u:TopSecret99@127.0.0.1:{free_port()}/db"
+    result = invoke("--database-url", url)
+    assert result.exit_code == 5
+    assert "database unreachable" in one_line_error(result)
+    assert "TopSecret99" not in result.output + result.stderr
+
+
+def test_no_database_url(invoke: Any) -> None:
+    result = invoke()
+    assert result.exit_code == 6
+    assert "FASTPUBSUB_DATABASE_URL" in one_line_error(result)
+
+
+@pytest.mark.spark
+@requires_java
+def test_real_run(invoke: Any, spark: Any, module_database: str, tmp_path: Path) -> None:
+    """Reuses the session's SparkSession (the command leaves a session it did not start running)."""
+    seed(module_database)
+    out = tmp_path / "reports"
+    result = invoke("--since", "24h", "--out", str(out), "--partitions", "2", database_url=module_database)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.startswith("# fastpubsub delivery report")
+    for subscription in EXPECTED:
+        assert subscription in result.stdout
+    assert (out / "summary.md").read_text().strip() == result.stdout.strip()
+    assert (out / "subscriptions.parquet").is_file()
+    assert "postgresql" in result.stderr  # the masked URL

@@ -1,0 +1,221 @@
+"""fastpubsub.report helpers without Spark: JDBC jar discovery, URL conversion, --since parsing."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from fastpubsub import report as helpers
+from fastpubsub.exceptions import ConfigurationError, InvalidInputError
+
+NOW = datetime(2026, 1, 15, 12, 0, tzinfo=UTC)
+
+
+def fake_jar(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"PK\x03\x04")
+    return path
+
+
+def m2_jar(home: Path, version: str, suffix: str = "") -> Path:
+    folder = home / ".m2/repository/org/postgresql/postgresql" / version
+    return fake_jar(folder / f"postgresql-{version}{suffix}.jar")
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    return home
+
+
+def test_configured_jar_comes_first(home: Path, tmp_path: Path) -> None:
+    configured = fake_jar(tmp_path / "mine.jar")
+    system = fake_jar(tmp_path / "usr/share/java/postgresql.jar")
+    m2_jar(home, "42.7.10")
+    driver = helpers.find_jdbc_driver(configured, system_jar=system)
+    assert driver.jar == configured
+    assert driver.source == "FASTPUBSUB_JDBC_JAR"
+    assert driver.spark_conf() == {"spark.jars": str(configured)}
+
+
+def test_configured_jar_must_exist(home: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="FASTPUBSUB_JDBC_JAR"):
+        helpers.find_jdbc_driver(tmp_path / "missing.jar", system_jar=tmp_path / "none.jar")
+
+
+def test_configured_jar_from_the_environment(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fastpubsub.settings import get_settings
+
+    jar = fake_jar(tmp_path / "env.jar")
+    monkeypatch.setenv("FASTPUBSUB_JDBC_JAR", str(jar))
+    get_settings.cache_clear()
+    try:
+        assert helpers.get_configured_jar() == jar
+    finally:
+        monkeypatch.delenv("FASTPUBSUB_JDBC_JAR")
+        get_settings.cache_clear()
+
+
+def test_system_jar_before_maven(home: Path, tmp_path: Path) -> None:
+    system = fake_jar(tmp_path / "usr/share/java/postgresql.jar")
+    m2_jar(home, "42.7.10")
+    driver = helpers.find_jdbc_driver(None, system_jar=system)
+    assert driver.jar == system
+    assert driver.source == "system"
+
+
+def test_newest_maven_jar_by_version_not_text(home: Path, tmp_path: Path) -> None:
+    for version in ("42.7.9", "42.7.10", "42.2.27", "9.4.1212"):
+        m2_jar(home, version)
+    m2_jar(home, "42.7.11", "-sources")  # not a driver jar
+    driver = helpers.find_jdbc_driver(None, system_jar=tmp_path / "none.jar")
+    assert driver.source == "maven"
+    assert driver.jar is not None
+    assert driver.jar.name == "postgresql-42.7.10.jar"
+
+
+def test_version_key() -> None:
+    assert helpers.version_key("42.7.10") > helpers.version_key("42.7.9")
+    assert sorted(["42.7.9", "42.10.0", "42.7.10"], key=helpers.version_key) == [
+        "42.7.9",
+        "42.7.10",
+        "42.10.0",
+    ]
+
+
+def test_packages_fallback_when_allowed(home: Path, tmp_path: Path) -> None:
+    driver = helpers.find_jdbc_driver(None, system_jar=tmp_path / "none.jar", allow_download=True)
+    assert driver.source == "packages"
+    assert driver.jar is None
+    conf = driver.spark_conf()
+    assert conf["spark.jars.packages"] == f"org.postgresql:postgresql:{helpers.DEFAULT_JDBC_VERSION}"
+    assert conf["spark.jars.excludes"] == "org.checkerframework:checker-qual"
+
+
+def test_packages_fallback_when_ivy_has_the_driver(home: Path, tmp_path: Path) -> None:
+    fake_jar(home / ".ivy2.5.2/jars/org.postgresql_postgresql-42.7.4.jar")
+    assert helpers.find_jdbc_driver(None, system_jar=tmp_path / "none.jar").source == "packages"
+
+
+def test_no_driver_is_a_clear_error(home: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="no PostgreSQL JDBC driver found"):
+        helpers.find_jdbc_driver(None, system_jar=tmp_path / "none.jar")
+
+
+@pytest.mark.parametrize(
+    ("url", "jdbc", "user", "password"),
+    [
+        (
+            "postgresql://app:s3cret@db.example:6543/pubsub",
+            "jdbc:postgresql://db.example:6543/pubsub",
+            "app",
+            "s3cret",
+        ),
+        (
+            "postgresql+psycopg://app:p%40ss%2Fw@localhost/pubsub",
+            "jdbc:postgresql://localhost:5432/pubsub",
+            "app",
+            "p@ss/w",
+        ),
+        (
+            "postgresql+asyncpg://u@127.0.0.1:5432/db?sslmode=require",
+            "jdbc:postgresql://127.0.0.1:5432/db?sslmode=require",
+            "u",
+            None,
+        ),
+        ("postgresql://u:pw@[::1]:5433/db", "jdbc:postgresql://[::1]:5433/db", "u", "pw"),
+        (
+            "jdbc:postgresql://h:1/db?user=u&password=pw&ssl=true",
+            "jdbc:postgresql://h:1/db?ssl=true",
+            "u",
+            "pw",
+        ),
+    ],
+)
+def test_to_jdbc(url: str, jdbc: str, user: str, password: str | None) -> None:
+    target = helpers.to_jdbc(url)
+    assert target.url == jdbc
+    assert target.user == user
+    assert target.password == password
+    props = target.properties()
+    assert props["driver"] == "org.postgresql.Driver"
+    assert props.get("password") == password
+
+
+@pytest.mark.parametrize(
+    "url", ["mysql://u:p@h/db", "not a url", "postgresql:///db?host=/tmp", "jdbc:mysql://h/db"]
+)
+def test_to_jdbc_rejects(url: str) -> None:
+    with pytest.raises(InvalidInputError):
+        helpers.to_jdbc(url)
+
+
+def test_password_is_never_shown(capsys: pytest.CaptureFixture[str]) -> None:
+    target = helpers.to_jdbc("postgresql://app:TopSecret99@db:5432/pubsub")
+    print(target, repr(target), target.masked_url, target.url)
+    assert "TopSecret99" not in capsys.readouterr().out
+    assert helpers.mask_url("jdbc:postgresql://h/db?user=u&password=TopSecret99") == (
+        "jdbc:postgresql://h/db?user=u&password=***"
+    )
+    assert (
+        helpers.mask_url("postgresql+psycopg://app:TopSecret99@db/x") == "postgresql+psycopg://app:***@db/x"
+    )
+    with pytest.raises(InvalidInputError) as caught:
+        helpers.to_jdbc("mysql://app:TopSecret99@db/x")
+    assert "TopSecret99" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("24h", NOW - timedelta(hours=24)),
+        ("7d", NOW - timedelta(days=7)),
+        ("30m", NOW - timedelta(minutes=30)),
+        ("90s", NOW - timedelta(seconds=90)),
+        ("2w", NOW - timedelta(weeks=2)),
+        ("1.5h", NOW - timedelta(minutes=90)),
+        ("2026-01-14T08:30:00Z", datetime(2026, 1, 14, 8, 30, tzinfo=UTC)),
+        ("2026-01-14T10:30:00+02:00", datetime(2026, 1, 14, 8, 30, tzinfo=UTC)),
+        ("2026-01-14 08:30", datetime(2026, 1, 14, 8, 30, tzinfo=UTC)),
+        ("2026-01-14", datetime(2026, 1, 14, tzinfo=UTC)),
+    ],
+)
+def test_parse_time(value: str, expected: datetime) -> None:
+    assert helpers.parse_time(value, NOW) == expected
+
+
+@pytest.mark.parametrize("value", ["yesterday", "24", "h", "-3h", "2026-13-01"])
+def test_parse_time_rejects(value: str) -> None:
+    with pytest.raises(InvalidInputError):
+        helpers.parse_time(value, NOW)
+
+
+def test_parse_window() -> None:
+    assert helpers.parse_window("24h", None, NOW) == (NOW - timedelta(hours=24), NOW)
+    assert helpers.parse_window("7d", "1d", NOW) == (NOW - timedelta(days=7), NOW - timedelta(days=1))
+    with pytest.raises(InvalidInputError, match="before"):
+        helpers.parse_window("1h", "2h", NOW)
+
+
+def test_spark_conf_for_local_and_cluster(tmp_path: Path) -> None:
+    driver = helpers.JdbcDriver(source="maven", jar=tmp_path / "postgresql-42.7.10.jar")
+    local = helpers.spark_conf("local[*]", driver)
+    assert local["spark.sql.session.timeZone"] == "UTC"
+    assert local["spark.ui.enabled"] == "false"
+    assert local["spark.ui.showConsoleProgress"] == "false"
+    assert local["spark.jars"] == str(driver.jar)
+    cluster = helpers.spark_conf("spark://master:7077", driver)
+    assert "spark.ui.enabled" not in cluster
+    assert cluster["spark.ui.showConsoleProgress"] == "false"
+
+
+def test_job_is_found() -> None:
+    assert helpers.job_path().name == "report.py"
+    assert os.access(helpers.job_path(), os.R_OK)
