@@ -40,8 +40,10 @@ def bench_all(
     batch: Batch = 100,
     payload_bytes: PayloadBytes = 230,
     rate: Annotated[float, typer.Option(min=1, help="End-to-end publish rate, msg/s")] = 100,
+    messages: Annotated[int, typer.Option(min=1000, help="Backlog each consume+ack phase drains")] = 150_000,
     backlog: Annotated[
-        int, typer.Option(min=10_000, help="Large backlog for the backlog comparison")
+        int,
+        typer.Option(min=50_000, help="Large backlog for the backlog comparison (5 rounds take 10,000 each)"),
     ] = 1_000_000,
     workers: Annotated[int, typer.Option(min=1, help="Workers of the server it starts")] = 2,
 ) -> None:
@@ -53,6 +55,7 @@ def bench_all(
         batch=batch,
         payload_bytes=payload_bytes,
         rate=rate,
+        consume_messages=messages,
         backlog=backlog,
         workers=workers,
     )

@@ -63,6 +63,54 @@ def test_the_sql_ceiling_runs_the_same_work_without_http(database_url: str) -> N
     assert by_name["consume+ack (SQL ceiling)"]["duplicates"] == 0
 
 
+@pytest.mark.slow
+def test_bench_all_runs_every_phase_and_its_exit_status_is_the_verdict(
+    database_url: str, server: Server
+) -> None:
+    result = subprocess.run(
+        [
+            FASTPUBSUB,
+            "bench",
+            "all",
+            "--database-url",
+            database_url,
+            "--url",
+            server.url,
+            "--seconds",
+            "1",
+            "--messages",
+            "2000",
+            "--backlog",
+            "50000",
+            "--rate",
+            "20",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode in (0, 1), result.stdout + result.stderr
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    # Small runs may miss a target; the exit status must say which way it went.
+    assert figures["targets_met"] is (result.returncode == 0)
+    for key in (
+        "publish_sql_msgs_per_s",
+        "publish_http_msgs_per_s",
+        "consume_ack_sql_msgs_per_s",
+        "consume_ack_http_msgs_per_s",
+        "backlog_small_msgs_per_s",
+        "backlog_large_msgs_per_s",
+    ):
+        assert figures[key] > 0, key
+    assert figures["consume_lost"] == 0
+    assert figures["consume_duplicates"] == 0
+    assert 0 < figures["e2e_p50_ms"] <= figures["e2e_p99_ms"]
+    parts = figures["wal_publish"] + figures["wal_consume"] + figures["wal_ack"]
+    assert abs(figures["wal_bytes_per_message"] - parts) <= 2  # each figure is rounded on its own
+    assert "WAL bytes per message" in result.stderr + result.stdout  # the table was printed
+
+
 def test_the_lean_client_keeps_one_connection_and_reports_unexpected_statuses(server: Server) -> None:
     async def scenario() -> None:
         connection = Connection(server.url)
