@@ -1,12 +1,13 @@
-"""The two requests every consumer makes in a loop, answered with less per-request work.
+"""The requests publishers and consumers make in a loop, answered with less per-request work.
 
-`GET /subscriptions/{id}/messages` and `POST /subscriptions/{id}/acks` are most
-of a busy server's traffic. Going through the framework's router, dependency
-resolution and request validation costs them several hundred microseconds of
-CPU each, more than the database round trip behind them. This middleware
-recognises the two in their ordinary, well-formed shape and answers them with
-the same code the routes use (`consume_page`, `ack`, the same principal and
-scope check, the same error responses).
+`POST /topics/{id}/messages`, `GET /subscriptions/{id}/messages` and
+`POST /subscriptions/{id}/acks` are most of a busy server's traffic. Going
+through the framework's router, dependency resolution and request validation
+costs them several hundred microseconds of CPU each, more than the database
+round trip behind them. This middleware recognises the three in their
+ordinary, well-formed shape and answers them with the same code the routes use
+(`publish`, `consume_page`, `ack`, the same principal and scope check, the same
+error responses).
 
 Anything it does not fully understand (an odd query string, ids in another
 spelling, a body that is not a JSON list of ids, another content type) goes
@@ -27,11 +28,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from fastpubsub.api import errors
 from fastpubsub.api.deps import get_principal
 from fastpubsub.api.routers.subscriptions import ack, consume_page
+from fastpubsub.api.routers.topics import publish
 from fastpubsub.api.schemas import ID_PATTERN
 
 _ID = ID_PATTERN.removeprefix("^").removesuffix("$")
 _CONSUME = re.compile(rf"/subscriptions/({_ID})/messages")
 _ACK = re.compile(rf"/subscriptions/({_ID})/acks")
+_PUBLISH = re.compile(rf"/topics/({_ID})/messages")
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _BATCH = re.compile(r"[1-9][0-9]{0,2}")
 _WAIT = re.compile(r"[0-9]{1,2}(\.[0-9]{1,6})?")
@@ -51,6 +54,9 @@ class HotPaths:
                     return
             elif scope["method"] == "POST" and (match := _ACK.fullmatch(path)):
                 await self._ack(match[1], scope, receive, send)
+                return
+            elif scope["method"] == "POST" and (match := _PUBLISH.fullmatch(path)):
+                await self._publish(match[1], scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -114,6 +120,29 @@ class HotPaths:
         try:
             await self._authorize(request, subscription_id)
             await ack(request.app.state.database, subscription_id, ids)
+        except Exception as exc:
+            await (await errors.response_for(request, exc))(scope, receive, send)
+            return
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def _publish(self, topic_id: str, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = dict(scope["headers"])
+        if (
+            headers.get(b"content-type") != b"application/json"
+            or not headers.get(b"content-length", b"").isdigit()
+        ):
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        try:
+            principal = await get_principal(request, request.headers.get("authorization"))
+            principal.require("topics:publish", topic_id)
+            body, message = await _read_body(receive)
+            if message is not None:  # the client went away before the body was complete
+                return
+            state = request.app.state
+            await publish(state.database, topic_id, body, state.settings.max_message_bytes)
         except Exception as exc:
             await (await errors.response_for(request, exc))(scope, receive, send)
             return

@@ -1,4 +1,4 @@
-"""Consume and ack answered by the hot-path middleware answer exactly as the routes do.
+"""Publish, consume and ack answered by the hot-path middleware answer exactly as the routes do.
 
 Each case runs against two applications on the same database: the normal one,
 and one with the `HotPaths` middleware taken out, so every answer comes from
@@ -16,6 +16,8 @@ import pytest
 from fastpubsub.api import hotpaths
 from fastpubsub.api.hotpaths import HotPaths
 from tests.api.conftest import ClientFactory, create_client_record, token_for
+
+JSON_TYPE = "application/json"
 
 
 async def _pair(make_api: ClientFactory, **overrides: Any) -> tuple[httpx.AsyncClient, httpx.AsyncClient]:
@@ -95,6 +97,70 @@ async def test_ack_acknowledges_like_the_route(pair: tuple[httpx.AsyncClient, ht
         assert metrics["delivered"] == 0
 
 
+async def test_publish_stores_and_fans_out_like_the_route(
+    pair: tuple[httpx.AsyncClient, httpx.AsyncClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fast, routed = pair
+    served: list[str] = []
+    real = hotpaths.publish
+
+    async def counting(*args: Any) -> None:
+        served.append(args[1])
+        await real(*args)
+
+    monkeypatch.setattr(hotpaths, "publish", counting)
+    before = await _published(fast, "t")
+    first = [{"n": 1, "text": 'A&B "quoted" \\ ünïcode'}, {"n": 2, "nested": {"list": [1, None]}}]
+    second = [{"n": 3}]
+    a = await fast.post("/topics/t/messages", json=first)
+    b = await routed.post("/topics/t/messages", json=second)
+    assert _answer(a) == _answer(b)
+    assert a.status_code == 204
+    assert a.content == b""
+    assert served == ["t"]  # the first came through the middleware, the second through the route
+    for sub in ("a", "b"):
+        page = (await fast.get(f"/subscriptions/{sub}/messages", params={"consumer_id": "c"})).json()
+        assert [m["payload"] for m in page["data"]] == first + second
+    assert await _published(fast, "t") == before + 3  # both paths count what they publish
+
+
+async def _published(api: httpx.AsyncClient, topic: str) -> float:
+    prefix = f'fastpubsub_messages_published_total{{topic="{topic}"}} '
+    for line in (await api.get("/metrics")).text.splitlines():
+        if line.startswith(prefix):
+            return float(line.removeprefix(prefix))
+    return 0.0
+
+
+PUBLISH_CASES = [
+    pytest.param("/topics/nope/messages", b'[{"n": 1}]', JSON_TYPE, id="unknown topic"),
+    pytest.param("/topics/t/messages", b"[]", JSON_TYPE, id="empty list"),
+    pytest.param("/topics/t/messages", b'[{"n": 1}, 2]', JSON_TYPE, id="not an object"),
+    pytest.param("/topics/t/messages", b'{"n": 1}', JSON_TYPE, id="object, not a list"),
+    pytest.param("/topics/t/messages", b'[{"n": 1}', JSON_TYPE, id="broken json"),
+    pytest.param("/topics/t/messages", b"", JSON_TYPE, id="empty body"),
+    pytest.param("/topics/t/messages", b'[{"n": "\xff\xfe"}]', JSON_TYPE, id="not utf-8"),
+    pytest.param("/topics/t/messages", orjson.dumps([{"x": "y" * 300}]), JSON_TYPE, id="message too large"),
+    pytest.param("/topics/t/messages", b'[{"n": 1}]', "text/plain", id="text/plain"),
+    pytest.param("/topics/bad id!/messages", b'[{"n": 1}]', JSON_TYPE, id="bad topic id"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "content_type"), PUBLISH_CASES)
+async def test_publish_errors_match(
+    make_api: ClientFactory, path: str, body: bytes, content_type: str
+) -> None:
+    fast, routed = await _pair(make_api, max_message_bytes=200)
+    await fast.post("/topics", json={"id": "t"})
+    await fast.post("/subscriptions", json={"id": "a", "topic_id": "t"})
+    headers = {"content-type": content_type}
+    answers = [_answer(await api.post(path, content=body, headers=headers)) for api in (fast, routed)]
+    assert answers[0] == answers[1]
+    if answers[0][0] != 204:
+        metrics = (await fast.get("/subscriptions/a/metrics")).json()
+        assert metrics["available"] == 0  # a refused publish stores nothing
+
+
 CONSUME_CASES = [
     pytest.param("/subscriptions/nope/messages", {"consumer_id": "c"}, id="unknown subscription"),
     pytest.param("/subscriptions/a/messages", {}, id="no consumer_id"),
@@ -170,9 +236,19 @@ async def test_authentication_and_scopes_match(make_api: ClientFactory, database
             for api in (fast, routed)
         ]
         assert acks[0] == acks[1]
+        publishes = [
+            _answer(await api.post("/topics/t/messages", json=[{"n": 1}], headers=headers))
+            for api in (fast, routed)
+        ]
+        assert publishes[0] == publishes[1]
     # The cases really differ: refused without a token, forbidden out of scope, allowed with "*".
     statuses = [
         (await fast.get("/subscriptions/a/messages", params={"consumer_id": "c"}, headers=h)).status_code
         for h in ({}, other, admin)
     ]
     assert statuses == [401, 403, 200]
+    statuses = [
+        (await fast.post("/topics/t/messages", json=[{"n": 1}], headers=h)).status_code
+        for h in ({}, other, admin)
+    ]
+    assert statuses == [401, 403, 204]

@@ -19,6 +19,7 @@ from fastpubsub.api.schemas import (
     TopicCreate,
     TopicOut,
 )
+from fastpubsub.database import Database
 from fastpubsub.exceptions import InvalidInputError, PayloadTooLargeError
 
 router = APIRouter(prefix="/topics", tags=["topics"])
@@ -112,8 +113,13 @@ async def publish_messages(
     topic_id: TopicId, request: Request, database: DatabaseDep, principal: PrincipalDep, settings: SettingsDep
 ) -> Response:
     principal.require("topics:publish", topic_id)
-    body = await request.body()
-    check_message_sizes(body, settings.max_message_bytes)
+    await publish(database, topic_id, await request.body(), settings.max_message_bytes)
+    return Response(status_code=204)
+
+
+async def publish(database: Database, topic_id: str, body: bytes, max_message_bytes: int) -> None:
+    """Publish a request body (a JSON array of objects); shared with the hot-path middleware."""
+    check_message_sizes(body, max_message_bytes)
     # The body goes to PostgreSQL as it came: the database parses and checks it
     # once (an array of objects, or nothing is stored).
     try:
@@ -122,7 +128,6 @@ async def publish_messages(
         raise InvalidInputError("the body must be UTF-8 encoded JSON") from exc
     ids = await database.publish(topic_id, text)
     PUBLISHED.labels(topic_id).inc(len(ids))
-    return Response(status_code=204)
 
 
 @router.post(
