@@ -71,3 +71,39 @@ def test_every_named_query_is_used() -> None:
     source = "".join(path.read_text() for path in (ROOT / "fastpubsub").rglob("*.py"))
     unused = [name for name in queries() if f'"{name}"' not in source]
     assert unused == []
+
+
+def _helper_languages(url: str) -> dict[str, str]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            """SELECT p.proname, l.lanname FROM pg_proc p
+               JOIN pg_namespace n ON n.oid = p.pronamespace JOIN pg_language l ON l.oid = p.prolang
+               WHERE n.nspname = 'fastpubsub' AND p.proname IN ('_next_priority', '_held')"""
+        ).fetchall()
+    return dict(rows)
+
+
+def _message_id_is_inlined(url: str) -> bool:
+    with psycopg.connect(url) as conn:
+        plan = conn.execute("EXPLAIN VERBOSE SELECT fastpubsub._message_id(now(), 0)").fetchall()
+    return "_message_id" not in " ".join(row[0] for row in plan)
+
+
+def test_hot_helpers_revision_keeps_plans_and_steps_back(pg_server) -> None:
+    name = f"fastpubsub_migrations_{uuid.uuid4().hex[:8]}"
+    url = pg_server.create_database(name)
+    try:
+        migrate.upgrade(url, "0003_hot_helpers")
+        # PL/pgSQL keeps its plans for the connection; the id expression is inlined
+        # into the publish query instead of being planned in every transaction.
+        assert _helper_languages(url) == {"_next_priority": "plpgsql", "_held": "plpgsql"}
+        assert _message_id_is_inlined(url)
+
+        migrate.downgrade(url, "0002_publish_options")
+        assert _helper_languages(url) == {"_next_priority": "sql", "_held": "sql"}
+        assert not _message_id_is_inlined(url)
+
+        migrate.upgrade(url)
+        assert _helper_languages(url) == {"_next_priority": "plpgsql", "_held": "plpgsql"}
+    finally:
+        pg_server.drop_database(name)

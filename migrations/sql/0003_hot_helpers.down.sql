@@ -1,0 +1,39 @@
+-- Back to the previous definitions of the hot-path helpers.
+
+CREATE OR REPLACE FUNCTION fastpubsub._message_id(p_time timestamptz, p_offset bigint)
+RETURNS uuid
+LANGUAGE sql VOLATILE PARALLEL SAFE
+AS $$
+    SELECT encode(
+        substring(int8send(t.units >> 12) FROM 3 FOR 6)
+        || substring(int4send(((t.units & 4095) | 28672)::integer) FROM 3 FOR 2)
+        || substring(uuid_send(gen_random_uuid()) FROM 9 FOR 8),
+        'hex')::uuid
+    FROM (SELECT (extract(epoch FROM p_time) * 4096000)::bigint + p_offset AS units) AS t
+$$;
+
+CREATE OR REPLACE FUNCTION fastpubsub._next_priority(p_subscription_key integer, p_below smallint)
+RETURNS smallint
+LANGUAGE sql STABLE
+SET enable_sort = off
+SET enable_bitmapscan = off
+AS $$
+    SELECT d.priority FROM fastpubsub.deliveries AS d
+    WHERE d.subscription_key = p_subscription_key AND d.status = 'available'
+      AND d.priority < coalesce(p_below, 32767)  -- a range the index seeks to, never a filter
+    ORDER BY d.priority DESC
+    LIMIT 1
+$$;
+
+CREATE OR REPLACE FUNCTION fastpubsub._held(p_subscription_key integer, p_ids uuid[])
+RETURNS tid[]
+LANGUAGE sql STABLE
+AS $$
+    SELECT coalesce(array_agg(h.row_id), '{}')
+    FROM unnest(p_ids) AS x(id)
+    CROSS JOIN LATERAL (
+        SELECT d.ctid AS row_id FROM fastpubsub.deliveries AS d
+        WHERE d.subscription_key = p_subscription_key AND d.message_id = x.id AND d.lease_until IS NOT NULL
+        LIMIT 1
+    ) AS h
+$$;
