@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,39 +21,62 @@ pytestmark = pytest.mark.slow
 
 @contextmanager
 def sse(server: Server, path: str) -> Iterator[queue.Queue]:
-    """Open a stream; its events ({"event", "data"} dicts) and comments arrive on the queue."""
+    """Open a stream; its events ({"event", "data"} dicts) and comments arrive on the queue.
+
+    A plain socket, so that leaving the block really drops the connection
+    (shutdown sends FIN at once, even while the reader is blocked in recv).
+    """
     events: queue.Queue = queue.Queue()
-    stop = threading.Event()
-    client = httpx.Client(base_url=server.url, timeout=httpx.Timeout(5, read=None))
+    url = httpx.URL(server.url)
+    sock = socket.create_connection((url.host, url.port), timeout=5)
+    sock.sendall(
+        f"GET {path} HTTP/1.1\r\nHost: {url.host}:{url.port}\r\nAccept: text/event-stream\r\n\r\n".encode()
+    )
+    sock.settimeout(None)
+    stream = sock.makefile("rb")
+
+    def lines() -> Iterator[str]:
+        """The body's lines, across HTTP/1.1 chunks."""
+        pending = b""
+        while size := int(stream.readline().split(b";")[0].strip() or b"0", 16):
+            pending += stream.read(size)
+            stream.readline()  # the CRLF after each chunk
+            *complete, pending = pending.split(b"\n")
+            yield from (line.rstrip(b"\r").decode() for line in complete)
 
     def read() -> None:
         try:
-            with client.stream("GET", path) as response:
-                events.put({"status": response.status_code, "type": response.headers.get("content-type")})
-                current: dict = {}
-                for line in response.iter_lines():
-                    if stop.is_set():
-                        return
-                    if line.startswith(":"):
-                        events.put({"comment": line[1:].strip()})
-                    elif line.startswith("event:"):
-                        current["event"] = line.split(":", 1)[1].strip()
-                    elif line.startswith("data:"):
-                        current["data"] = json.loads(line.split(":", 1)[1])
-                    elif not line and current:
-                        events.put(current)
-                        current = {}
-        except httpx.HTTPError:
-            pass
+            status = int(stream.readline().split()[1])
+            headers = {}
+            while (header := stream.readline().strip()) and b":" in header:
+                name, value = header.decode().split(":", 1)
+                headers[name.lower()] = value.strip()
+            events.put({"status": status, "type": headers.get("content-type")})
+            current: dict = {}
+            for line in lines():
+                if line.startswith(":"):
+                    events.put({"comment": line[1:].strip()})
+                elif line.startswith("event:"):
+                    current["event"] = line.split(":", 1)[1].strip()
+                elif line.startswith("data:"):
+                    current["data"] = json.loads(line.split(":", 1)[1])
+                elif not line and current:
+                    events.put(current)
+                    current = {}
+        except (OSError, ValueError, IndexError):
+            pass  # the connection went away
 
     thread = threading.Thread(target=read, daemon=True)
     thread.start()
     try:
         yield events
     finally:
-        stop.set()
-        client.close()
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+        stream.close()
+        sock.close()
         thread.join(5)
+        assert not thread.is_alive()
 
 
 def next_event(events: queue.Queue, timeout: float = 5) -> dict:
