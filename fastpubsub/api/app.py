@@ -14,7 +14,7 @@ from prometheus_fastapi_instrumentator import Instrumentator
 from prometheus_fastapi_instrumentator import metrics as prometheus_metrics
 
 from fastpubsub import __version__
-from fastpubsub.api import errors
+from fastpubsub.api import docs, errors
 from fastpubsub.api.deps import ClientStateCache
 from fastpubsub.api.hotpaths import HotPaths
 from fastpubsub.api.metrics import MetricsExporter, use_remembering_instrumentator
@@ -84,7 +84,8 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
         generate_unique_id_function=_operation_id,
         debug=settings.api_debug,
         openapi_tags=[{"name": tag} for tag in ("auth", "clients", "topics", "subscriptions", "operations")],
-        swagger_ui_init_oauth={"clientId": "", "scopes": "*", "usePkceWithAuthorizationCodeGrant": False},
+        docs_url=None,  # served by fastpubsub.api.docs, with local assets
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.database = db
@@ -96,6 +97,8 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
     app.state.metrics = MetricsExporter(db, http_registry)
 
     errors.install(app)
+    # No scope is ticked in advance: a token then carries every scope its client holds.
+    docs.install(app, init_oauth={"clientId": "", "usePkceWithAuthorizationCodeGrant": False})
     # Routes are tried in order: the hot paths (consume, ack, publish) first.
     for router in (subscriptions.router, topics.router, oauth.router, clients.router, health.router):
         app.include_router(router)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import pytest
 
@@ -114,6 +116,31 @@ async def test_openapi_documents_every_endpoint(api: httpx.AsyncClient) -> None:
     )
     for page in ("/docs", "/redoc"):
         assert (await api.get(page)).status_code == 200
+
+
+async def test_docs_pages_load_their_assets_from_this_server(api: httpx.AsyncClient) -> None:
+    swagger = (await api.get("/docs")).text
+    redoc = (await api.get("/redoc")).text
+    for page in (swagger, redoc):
+        assert "http://" not in page.replace("http://www.w3.org", "")  # nothing fetched elsewhere
+        assert "https://" not in page
+    assets = re.findall(r'(?:src|href)="(/docs-assets/[^"]+)"', swagger + redoc) + re.findall(
+        r"url: '(/docs-assets/[^']+)'", swagger
+    )
+    assert {
+        "/docs-assets/swagger-ui-bundle.js",
+        "/docs-assets/swagger-ui.css",
+        "/docs-assets/redoc.standalone.js",
+    } <= set(assets)
+    for asset in set(assets):
+        response = await api.get(asset)
+        assert response.status_code == 200, asset
+        assert len(response.content) > 1000 or asset.endswith(".png"), asset
+    assert "oauth2RedirectUrl: window.location.origin + '/docs/oauth2-redirect'" in swagger
+    assert "ui.initOAuth" in swagger
+    redirect = await api.get("/docs/oauth2-redirect")
+    assert redirect.status_code == 200
+    assert "oauth2" in redirect.text.lower()
 
 
 @pytest.mark.parametrize(
