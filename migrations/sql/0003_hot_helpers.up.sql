@@ -51,3 +51,17 @@ BEGIN
         ) AS h);
 END
 $$;
+
+-- consume (the first revision's signature, still part of the SQL interface) had
+-- lost its index when revision 0002 replaced deliveries_available_idx with the
+-- priority index, and sorted the whole backlog on every call. It now leases
+-- through consume_v2: the same index seek, priorities and scheduled retries.
+CREATE OR REPLACE FUNCTION fastpubsub.consume(p_subscription_id text, p_consumer_id text, p_batch_size integer)
+RETURNS TABLE (id uuid, payload jsonb, attempts integer, created_at timestamptz)
+LANGUAGE sql
+AS $$
+    SELECT c.id, c.payload, c.attempts, c.created_at
+    FROM fastpubsub.consume_v2(p_subscription_id, p_consumer_id, p_batch_size) WITH ORDINALITY
+        AS c(id, payload, attributes, priority, attempts, created_at, ord)
+    ORDER BY c.ord
+$$;

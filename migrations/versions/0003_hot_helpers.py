@@ -1,4 +1,4 @@
-"""Hot-path helpers whose plans outlive the transaction (inlined SQL or PL/pgSQL).
+"""Hot-path helpers whose plans outlive the transaction; the first consume leases through consume_v2.
 
 Revision ID: 0003_hot_helpers
 Revises: 0002_publish_options

@@ -8,7 +8,7 @@ from datetime import timedelta
 import psycopg
 import pytest
 
-from tests.db.sql import consume, create_subscription, create_topic, deliveries, publish
+from tests.db.sql import consume, create_subscription, create_topic, deliveries, publish, publish_envelopes
 
 
 @pytest.fixture
@@ -138,3 +138,30 @@ def test_consume_reads_only_what_it_leases_however_long_the_backlog(
     assert index_rows <= 20
     # Taking a lease rewrites the row in place: no index entry is written.
     assert updates == hot_updates == 10
+
+
+def test_the_first_revisions_consume_leases_through_the_same_index_seek(
+    queue: psycopg.Connection, connect
+) -> None:
+    """fastpubsub.consume (id, payload, attempts, created_at) stays part of the SQL interface:
+    the same O(batch) seek, priorities and attempts as consume_v2."""
+    for _ in range(20):
+        publish(queue, "jobs", [{"n": i} for i in range(1000)])
+    urgent = publish_envelopes(queue, "jobs", [{"payload": {"urgent": True}, "priority": 5}])
+    queue.execute("ANALYZE fastpubsub.deliveries")
+    tx = connect(autocommit=False)
+    cur = tx.execute("SELECT * FROM fastpubsub.consume('workers', 'w', 10)")
+    assert cur.description is not None
+    assert [col.name for col in cur.description] == ["id", "payload", "attempts", "created_at"]
+    rows = cur.fetchall()
+    seq_scans, index_rows = tx.execute(
+        """SELECT seq_scan, idx_tup_fetch FROM pg_stat_xact_user_tables WHERE relname = 'deliveries'"""
+    ).fetchone()
+    tx.commit()
+    assert len(rows) == 10
+    assert rows[0][0] == urgent[0]  # the highest priority first
+    assert rows[0][1] == {"urgent": True}
+    assert [row[1]["n"] for row in rows[1:]] == list(range(9))
+    assert {row[2] for row in rows} == {1}
+    assert seq_scans == 0
+    assert index_rows <= 20
