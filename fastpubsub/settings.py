@@ -89,7 +89,7 @@ class Settings(BaseSettings):
         default=3600, ge=0, description="Acked deliveries (and retention for replay) older than this go"
     )
     cleanup_stuck_messages_lock_timeout_seconds: int = Field(
-        default=60, ge=0, description="Leases held longer than this are released"
+        default=60, ge=0, description="Expired leases taken longer ago than this are settled"
     )
     cleanup_batch_size: int = Field(
         default=5000, ge=1, le=1000000, description="Rows per cleanup transaction"

@@ -8,7 +8,17 @@ from uuid import UUID
 import psycopg
 import pytest
 
-from tests.db.sql import ack, consume, count, create_subscription, create_topic, deliveries, nack, publish
+from tests.db.sql import (
+    ack,
+    consume,
+    count,
+    create_subscription,
+    create_topic,
+    deliveries,
+    expire_leases,
+    nack,
+    publish,
+)
 
 
 @pytest.fixture
@@ -100,6 +110,47 @@ def test_nack_with_zero_backoff_wakes_listeners(conn: psycopg.Connection, connec
     listener.execute("LISTEN fastpubsub")
     nack(conn, "s", ids)
     assert [n.payload for n in listener.notifies(timeout=1, stop_after=1)] == ["s"]
+
+
+def test_nack_with_a_backoff_wakes_listeners_too(queue: psycopg.Connection, connect) -> None:
+    """Waiting consumers learn that a retry is coming and when (they read next_due again)."""
+    ids = publish(queue, "t", [{"n": 1}])
+    consume(queue, "s", "w")
+    listener = connect()
+    listener.execute("LISTEN fastpubsub")
+    assert nack(queue, "s", ids) == (1, 0)
+    assert [n.payload for n in listener.notifies(timeout=1, stop_after=1)] == ["s"]
+    due = queue.execute("SELECT fastpubsub.next_due('s')").fetchone()[0]
+    assert 1 < due <= 2  # backoff_min of this subscription
+
+
+def test_leases_that_ran_out_are_no_longer_the_consumers(queue: psycopg.Connection) -> None:
+    """ack, nack and extend_lease act on current leases only: a late consumer changes nothing."""
+    ids = publish(queue, "t", [{"n": i} for i in range(3)])
+    consume(queue, "s", "slow", 3)
+    expire_leases(queue, "s")
+    assert ack(queue, "s", ids[:1]) == 0
+    assert nack(queue, "s", ids[1:2]) == (0, 0)
+    extended = queue.execute("SELECT fastpubsub.extend_lease('s', %s::uuid[], 600)", (ids[2:],)).fetchone()
+    assert extended == (0,)
+    assert count(queue, "acked_deliveries") == 0
+    # All three are deliverable again, the lost lease counted as an attempt.
+    again = consume(queue, "s", "next", 3)
+    assert [(row[0], row[2]) for row in again] == [(message_id, 2) for message_id in ids]
+    assert ack(queue, "s", ids) == 3
+
+
+def test_a_due_retry_with_no_attempt_left_is_dead_lettered(queue: psycopg.Connection) -> None:
+    """Lowering max_delivery_attempts applies to retries already waiting."""
+    (message_id,) = publish(queue, "t", [{"n": 1}])
+    for _ in range(3):
+        consume(queue, "s", "w")
+        nack(queue, "s", [message_id])
+        make_due(queue)
+    queue.execute("SELECT fastpubsub.update_subscription('s', false, NULL, 2, NULL, NULL, NULL)")
+    assert consume(queue, "s", "w") == []
+    (row,) = deliveries(queue, "s")
+    assert (row["status"], row["attempts"]) == ("dlq", 3)
 
 
 def test_retry_keeps_delivery_time_of_stored_backoff(queue: psycopg.Connection) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import psycopg
@@ -97,6 +98,30 @@ def test_concurrent_cleanups_skip_each_others_rows(two_subscriptions: psycopg.Co
     assert count(conn, "acked_deliveries") == 0
 
 
+def test_concurrent_cleanups_never_leave_a_message_behind(
+    two_subscriptions: psycopg.Connection, connect
+) -> None:
+    """Two cleanups each deleting one of a message's last two acks: one of them deletes the message."""
+    conn = two_subscriptions
+    ids = publish(conn, "t", [{"n": 1}])
+    for sub in ("a", "b"):
+        consume(conn, sub, "w")
+        ack(conn, sub, ids)
+    age_acked(conn, 3600)
+    first, second = connect(autocommit=False), connect(autocommit=False)
+    assert cleanup_acked(first, 60, 1) == (1, 0)  # the other ack still stands: the message stays
+    result: dict[str, tuple[int, int]] = {}
+    thread = threading.Thread(target=lambda: result.update(second=cleanup_acked(second, 60, 1)))
+    thread.start()
+    thread.join(0.5)  # it waits for the first cleanup to finish with the message
+    first.commit()
+    thread.join(10)
+    second.commit()
+    assert result["second"] == (1, 1)
+    assert count(conn, "acked_deliveries") == 0
+    assert count(conn, "messages") == 0
+
+
 def test_cleanup_validates_its_arguments(conn: psycopg.Connection) -> None:
     for args in ((-1, 10), (10, 0)):
         with pytest.raises(psycopg.Error) as info:
@@ -107,24 +132,31 @@ def test_cleanup_validates_its_arguments(conn: psycopg.Connection) -> None:
     assert info.value.sqlstate == "FP422"
 
 
-def test_cleanup_stuck_releases_leases_held_too_long(conn: psycopg.Connection) -> None:
+def test_cleanup_stuck_settles_leases_that_ran_out_and_never_cuts_a_live_one(
+    conn: psycopg.Connection,
+) -> None:
     create_topic(conn, "t")
-    create_subscription(conn, "s", "t", max_attempts=3)
+    create_subscription(conn, "live", "t", max_attempts=3)
+    create_subscription(conn, "retry", "t", max_attempts=3)
     create_subscription(conn, "once", "t", max_attempts=1)
     ids = publish(conn, "t", [{"n": 1}, {"n": 2}])
-    consume(conn, "s", "w", 1)
-    consume(conn, "once", "w", 1)
-    # The consumer keeps extending its lease but never finishes.
-    conn.execute("SELECT fastpubsub.extend_lease('s', %s::uuid[], 3600)", (ids,))
+    for sub in ("live", "retry", "once"):
+        consume(conn, sub, "w", 1)
+    # "live": the consumer is still working and has extended its lease; the
+    # other two consumers went away and their (shortened) leases run out.
+    conn.execute("SELECT fastpubsub.extend_lease('live', %s::uuid[], 3600)", (ids,))
+    for sub in ("retry", "once"):
+        conn.execute("SELECT fastpubsub.extend_lease(%s, %s::uuid[], 1)", (sub, ids))
     time.sleep(1.2)
-    consume(conn, "s", "w2", 1)  # a fresh lease, which must stay
+    consume(conn, "live", "w2", 1)  # a fresh lease, which must stay too
     assert cleanup_stuck(conn, 1) == 2
-    rows = {row["message_id"]: row for row in deliveries(conn, "s")}
-    assert rows[ids[0]]["lease_until"] is None
-    assert rows[ids[0]]["status"] == "available"
-    assert rows[ids[1]]["lease_until"] is not None  # leased just now: kept
-    (exhausted,) = [row for row in deliveries(conn, "once") if row["message_id"] == ids[0]]
+    live = {row["message_id"]: row for row in deliveries(conn, "live")}
+    assert live[ids[0]]["lease_until"] is not None  # extended: kept
+    assert live[ids[1]]["lease_until"] is not None  # leased just now: kept
+    (released, _) = deliveries(conn, "retry")
+    assert (released["status"], released["lease_until"], released["attempts"]) == ("available", None, 1)
+    (exhausted, _) = deliveries(conn, "once")
     assert exhausted["status"] == "dlq"
-    ((got, _, attempts, _),) = consume(conn, "s", "w3", 1)
+    ((got, _, attempts, _),) = consume(conn, "retry", "w3", 1)
     assert (got, attempts) == (ids[0], 2)
     assert cleanup_stuck(conn, 1) == 0

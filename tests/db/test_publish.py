@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import psycopg
 import pytest
 
@@ -112,6 +114,29 @@ def test_no_notify_when_no_subscription_gets_the_message(conn: psycopg.Connectio
     listener.execute("LISTEN fastpubsub")
     publish(conn, "t", [{"x": 2}])
     assert list(listener.notifies(timeout=0.5, stop_after=1)) == []
+
+
+def test_the_first_revisions_publish_and_consume_do_the_same_work(
+    orders: psycopg.Connection, connect
+) -> None:
+    """publish(topic, payloads) and consume(subscription, consumer, batch) are still the SQL interface."""
+    listener = connect()
+    listener.execute("LISTEN fastpubsub")
+    payloads = [{"status": "completed"}, {"status": "pending"}, {"other": 1}]
+    (ids,) = orders.execute(
+        "SELECT fastpubsub.publish('orders', %s::jsonb)", (json.dumps(payloads),)
+    ).fetchone()
+    assert len(ids) == 3
+    assert ids == sorted(ids)
+    assert [len(deliveries(orders, s)) for s in ("emails", "inventory", "analytics")] == [3, 3, 1]
+    assert [n.payload for n in listener.notifies(timeout=1, stop_after=2)] == ["analytics emails inventory"]
+    rows = orders.execute(
+        "SELECT id, payload, attempts FROM fastpubsub.consume('analytics', 'w', 10)"
+    ).fetchall()
+    assert rows == [(ids[0], {"status": "completed"}, 1)]
+    with pytest.raises(psycopg.Error) as info:
+        orders.execute("""SELECT fastpubsub.publish('orders', '[{"a": 1}, 2]')""")
+    assert info.value.sqlstate == "FP422"
 
 
 def test_publish_is_atomic_with_its_caller_transaction(orders: psycopg.Connection, connect) -> None:

@@ -17,6 +17,7 @@ from tests.db.sql import (
     create_topic,
     deliveries,
     metrics,
+    nack,
     publish_envelopes,
 )
 
@@ -130,6 +131,59 @@ def test_higher_priority_first_then_publish_order(topic: psycopg.Connection) -> 
     assert rest == ["mid-2", "low-1", "low-2"]
 
 
+def test_due_retries_and_delayed_messages_keep_their_priority(topic: psycopg.Connection) -> None:
+    (retried,) = publish_envelopes(topic, "t", [{"payload": {"n": "retried-low"}}])
+    consume(topic, "s")
+    nack(topic, "s", [retried])
+    publish_envelopes(topic, "t", [{"payload": {"n": "delayed-low"}, "delay_seconds": 1}])
+    publish_envelopes(topic, "t", [{"payload": {"n": f"high-{i}"}, "priority": 9} for i in range(2)])
+    topic.execute("UPDATE fastpubsub.deliveries SET visible_at = now() WHERE status = 'scheduled'")
+    order = [row[1]["n"] for row in consume(topic, "s", n=10)]
+    assert order[:2] == ["high-0", "high-1"]
+    assert sorted(order[2:]) == ["delayed-low", "retried-low"]
+
+
+def test_a_delayed_publish_wakes_listeners(topic: psycopg.Connection, connect) -> None:
+    """So that a waiting consumer reads the new due time instead of sleeping past it."""
+    listener = connect()
+    listener.execute("LISTEN fastpubsub")
+    publish_envelopes(topic, "t", [{"payload": {"n": 1}, "delay_seconds": 3}])
+    assert [n.payload for n in listener.notifies(timeout=1, stop_after=1)] == ["s"]
+    assert 2 < topic.execute("SELECT fastpubsub.next_due('s')").fetchone()[0] <= 3
+
+
+def test_an_integral_priority_written_as_a_decimal_is_that_integer(topic: psycopg.Connection) -> None:
+    publish_envelopes(topic, "t", [{"payload": {"n": 1}, "priority": 7.0}])
+    (row,) = consume_full(topic, "s")
+    assert row["priority"] == 7
+
+
+def cleanup_keys(conn: psycopg.Connection, older_than: int) -> int:
+    return int(
+        conn.execute("SELECT fastpubsub.cleanup_idempotency_keys(%s, 100)", (older_than,)).fetchone()[0]
+    )
+
+
+def test_an_idempotency_key_lasts_as_long_as_its_message(topic: psycopg.Connection) -> None:
+    (original,) = publish_envelopes(topic, "t", [{"payload": {"n": 1}, "idempotency_key": "k"}])
+    # However old the key, it stays while its message is retained (here: pending).
+    assert cleanup_keys(topic, 0) == 0
+    assert publish_envelopes(topic, "t", [{"payload": {"n": 2}, "idempotency_key": "k"}]) == [original]
+    consume(topic, "s")
+    ack(topic, "s", [original])
+    topic.execute("SELECT fastpubsub.cleanup_acked(0, 100)")
+    assert count(topic, "messages") == 0
+    assert cleanup_keys(topic, 0) == 1
+    (again,) = publish_envelopes(topic, "t", [{"payload": {"n": 3}, "idempotency_key": "k"}])
+    assert again != original
+
+
+def test_deleting_a_topic_removes_its_idempotency_keys(topic: psycopg.Connection) -> None:
+    publish_envelopes(topic, "t", [{"payload": {"n": 1}, "idempotency_key": "k"}])
+    topic.execute("SELECT fastpubsub.delete_topic('t')")
+    assert count(topic, "idempotency_keys") == 0
+
+
 @pytest.mark.parametrize(
     ("message", "problem"),
     [
@@ -160,8 +214,11 @@ def test_envelope_problems_refuse_the_whole_publish(
     assert count(topic, "messages") == 0
 
 
-def test_v1_functions_keep_working_during_a_rolling_upgrade(topic: psycopg.Connection) -> None:
+def test_v1_functions_keep_working_during_a_rolling_upgrade(topic: psycopg.Connection, connect) -> None:
+    listener = connect()
+    listener.execute("LISTEN fastpubsub")
     topic.execute("""SELECT fastpubsub.publish('t', '[{"v": 1}]')""")
+    assert [n.payload for n in listener.notifies(timeout=1, stop_after=1)] == ["s"]
     rows = topic.execute("SELECT id, payload, attempts FROM fastpubsub.consume('s', 'w', 10)").fetchall()
     assert [(r[1], r[2]) for r in rows] == [({"v": 1}, 1)]
     create_subscription(topic, "rich", "t", {"a.b": {"$gt": 1}})

@@ -137,3 +137,42 @@ def test_seed_filters_take_the_inline_path(conn: psycopg.Connection) -> None:
     create_subscription(conn, "rich", "t", {"user.country": ["BR"]})
     rows = dict(conn.execute("SELECT id, filter_simple FROM fastpubsub.subscriptions").fetchall())
     assert rows == {"seed": True, "rich": False}
+
+
+@pytest.mark.parametrize(
+    ("pattern", "value", "expected"),
+    [
+        ("order.#", "order", True),
+        ("order.#", "order.created.v2", True),
+        ("order.*", "order", False),
+        ("order.*", "order.created.v2", False),
+        ("#.created", "created", True),
+        ("#.created", "order.eu.created", True),
+        ("#.created", "order.created.v2", False),
+        ("a.#.b.#.c", "a.b.c", True),
+        ("a.#.b.#.c", "a.x.b.y.z.c", True),
+        ("a.#.b.#.c", "a.x.c.b", False),
+        ("*.*", "a.b", True),
+        ("*.*", "a", False),
+        ("#.#", "", True),
+        ("#", "anything.at.all", True),
+        ("*", "", False),
+    ],
+)
+def test_match_follows_amqp_topic_rules(
+    conn: psycopg.Connection, pattern: str, value: str, expected: bool
+) -> None:
+    row = conn.execute(
+        "SELECT fastpubsub._amqp_match(string_to_array(%s, '.'), string_to_array(%s, '.'))", (value, pattern)
+    ).fetchone()
+    assert row == (expected,)
+
+
+def test_match_with_many_hashes_does_not_explode(conn: psycopg.Connection) -> None:
+    """Backtracking over every way to split the words would never finish here; one pass does."""
+    create_topic(conn, "t")
+    create_subscription(conn, "s", "t", {"e": {"$match": ".".join(["#"] * 12 + ["z"])}})
+    conn.execute("SET statement_timeout = '10s'")
+    words = ".".join(["w"] * 30)
+    publish_envelopes(conn, "t", [{"payload": {"e": words}}, {"payload": {"e": words + ".z"}}])
+    assert [row[1] for row in consume(conn, "s")] == [{"e": words + ".z"}]
