@@ -14,7 +14,7 @@ import contextlib
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +23,7 @@ import psycopg
 from psycopg.types.json import set_json_loads
 
 from fastpubsub.bench.client import Connection
+from fastpubsub.database import _ids, driver_queries
 
 Progress = Callable[[int], None]
 
@@ -352,40 +353,133 @@ async def sql_consume(
     )
 
 
-def wal_per_message(url: str, messages: int, payload_bytes: int, batch: int = 100) -> Result:
-    """WAL bytes written per message for publish, consume and ack on one subscription."""
+WAL_WARM_UP = 1000
+
+
+@contextlib.contextmanager
+def autovacuum_paused(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """Autovacuum off for the whole cluster, and no autovacuum worker left running.
+
+    Only for the throwaway cluster: it changes the server's configuration
+    (ALTER SYSTEM) and cancels autovacuum workers, which needs a superuser.
+    """
+    conn.execute("ALTER SYSTEM SET autovacuum = off")
+    conn.execute("SELECT pg_reload_conf()")
+    try:
+        time.sleep(0.2)  # the launcher reads the new setting and starts no more workers
+        idle_checks = 0
+        deadline = time.monotonic() + 30
+        while idle_checks < 2 and time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT count(pg_cancel_backend(pid)) FROM pg_stat_activity"
+                " WHERE backend_type = 'autovacuum worker'"
+            ).fetchone()
+            idle_checks = idle_checks + 1 if row is not None and row[0] == 0 else 0
+            time.sleep(0.1)
+        yield
+    finally:
+        conn.execute("ALTER SYSTEM RESET autovacuum")
+        conn.execute("SELECT pg_reload_conf()")
+
+
+def wal_per_message(
+    url: str, messages: int, payload_bytes: int, batch: int = 100, *, throwaway: bool
+) -> Result:
+    """WAL bytes written per message for publish, consume and ack on one subscription.
+
+    The lifecycle runs the server's statements on one connection, batches of
+    `batch`: publish every message, consume them all, ack them all.
+
+    How the bytes are counted (`method` in the result):
+    * "lsn, autovacuum paused" on the throwaway cluster: the advance of the WAL
+      insert position (what is really written, record alignment included) while
+      autovacuum is off cluster-wide, so that only this lifecycle (and the odd
+      background record, a few bytes every 15 s) writes WAL;
+    * "backend" on a given database with PostgreSQL 18 or later: this
+      connection's own WAL from pg_stat_get_backend_wal (record sizes without
+      alignment, about 2% below the former), which other sessions and autovacuum
+      cannot inflate; the given server's configuration is left alone;
+    * "lsn, autovacuum running" otherwise: other sessions' WAL may be included.
+
+    A CHECKPOINT first means none starts during the measurement (it is far
+    shorter than checkpoint_timeout and far below max_wal_size). After a
+    checkpoint the first change to each page is logged with an image of the
+    whole page (full_page_writes), a cost a running system pays once per page
+    per checkpoint cycle; a warm-up lifecycle pays it on the pages every
+    message touches (index tails, the subscription's row) so that the figure
+    is the steady state's. `fpi` says how many page images were still logged
+    during the measurement (backend statistics, PostgreSQL 18+).
+    """
     topic = unique("bench-wal")
     subscription = f"{topic}-s"
     sql_setup(url, topic, [(subscription, None)])
     body = batch_body(batch, payload_bytes).decode()
+    queries = driver_queries()
     with psycopg.connect(url, autocommit=True) as conn:
-        # Page images after a checkpoint are not part of a message's cost. A role
-        # that may not checkpoint gets a figure that includes some of them.
-        with contextlib.suppress(psycopg.Error):
-            conn.execute("CHECKPOINT")
+        row = conn.execute(
+            "SELECT CASE WHEN to_regproc('pg_stat_get_backend_wal') IS NULL THEN false"
+            " ELSE has_function_privilege('pg_stat_force_next_flush()', 'execute') END"
+        ).fetchone()
+        backend_stats = bool(row and row[0])
+        method = (
+            "lsn, autovacuum paused"
+            if throwaway
+            else "backend"
+            if backend_stats
+            else "lsn, autovacuum running"
+        )
 
-        def lsn() -> Any:
-            return conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]  # type: ignore[index]
+        def mark() -> tuple[Any, int, int]:
+            """The WAL insert position, and this backend's WAL bytes and page images so far."""
+            if not backend_stats:
+                row = conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()
+                return (row[0] if row else None), 0, 0
+            conn.execute("SELECT pg_stat_force_next_flush()")  # flushed as this statement ends
+            row = conn.execute(
+                "SELECT pg_current_wal_insert_lsn(), wal_bytes, wal_fpi"
+                " FROM pg_stat_get_backend_wal(pg_backend_pid())"
+            ).fetchone() or (None, 0, 0)
+            return row[0], int(row[1]), int(row[2])
 
-        def diff(a: Any, b: Any) -> int:
-            return int(conn.execute("SELECT pg_wal_lsn_diff(%s, %s)", (b, a)).fetchone()[0])  # type: ignore[index]
+        def publish(count: int) -> None:
+            for _ in range(count // batch):
+                conn.execute(queries["publish"], {"topic_id": topic, "payloads": body})
 
-        marks = [lsn()]
-        for _ in range(messages // batch):
-            conn.execute("SELECT fastpubsub.publish_v2(%s, %s::jsonb, false)", (topic, body))
-        marks.append(lsn())
-        leased = []
-        for _ in range(messages // batch):
-            cursor = conn.execute(
-                "SELECT id FROM fastpubsub.consume_v2(%s, 'wal', %s)", (subscription, batch)
-            )
-            leased.append([row[0] for row in cursor.fetchall()])
-        marks.append(lsn())
-        for ids in leased:
-            conn.execute("SELECT fastpubsub.ack(%s, %s::uuid[])", (subscription, ids))
-        marks.append(lsn())
+        def consume(count: int) -> list[list[str]]:
+            pages = []
+            params = {"subscription_id": subscription, "consumer_id": "wal", "batch_size": batch}
+            for _ in range(count // batch):
+                row = conn.execute(queries["consume_json"], params).fetchone()
+                pages.append([message["id"] for message in orjson.loads(row[1])] if row else [])
+            return pages
+
+        def ack(pages: list[list[str]]) -> None:
+            for ids in pages:
+                conn.execute(queries["ack"], {"subscription_id": subscription, "ids": _ids(ids)})
+
+        with autovacuum_paused(conn) if throwaway else contextlib.nullcontext():
+            # Without the privilege to checkpoint, a timed checkpoint may fall in the measurement.
+            with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
+                conn.execute("CHECKPOINT")
+            publish(WAL_WARM_UP)
+            ack(consume(WAL_WARM_UP))
+            marks = [mark()]
+            publish(messages)
+            marks.append(mark())
+            pages = consume(messages)
+            marks.append(mark())
+            ack(pages)
+            marks.append(mark())
         n = (messages // batch) * batch
-        per = [diff(marks[i], marks[i + 1]) / n for i in range(3)]
+        if method == "backend":
+            per = [(marks[i + 1][1] - marks[i][1]) / n for i in range(3)]
+        else:
+            per = []
+            for i in range(3):
+                row = conn.execute(
+                    "SELECT pg_wal_lsn_diff(%s, %s)", (marks[i + 1][0], marks[i][0])
+                ).fetchone()
+                per.append(float(row[0]) / n if row else 0.0)
     return Result(
         "WAL per message lifecycle",
         n,
@@ -396,5 +490,7 @@ def wal_per_message(url: str, messages: int, payload_bytes: int, batch: int = 10
             "ack": per[2],
             "total_bytes": sum(per),
             "payload_bytes": payload_bytes,
+            "fpi": marks[3][2] - marks[0][2] if backend_stats else None,
+            "method": method,
         },
     )

@@ -5,11 +5,16 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import time
 from collections.abc import Callable
 
+import psycopg
 import pytest
 
+from fastpubsub.bench import workloads
 from fastpubsub.bench.client import Connection, HttpError
+from fastpubsub.database import libpq_url
+from tests.conftest import PostgresServer
 from tests.e2e.conftest import FASTPUBSUB, Server, base_env
 
 
@@ -108,6 +113,8 @@ def test_bench_all_runs_every_phase_and_its_exit_status_is_the_verdict(
     assert 0 < figures["e2e_p50_ms"] <= figures["e2e_p99_ms"]
     parts = figures["wal_publish"] + figures["wal_consume"] + figures["wal_ack"]
     assert abs(figures["wal_bytes_per_message"] - parts) <= 2  # each figure is rounded on its own
+    # A given database's configuration is left alone: the backend's own WAL is counted.
+    assert figures["wal_method"] in ("backend", "lsn, autovacuum running")
     assert "WAL bytes per message" in result.stderr + result.stdout  # the table was printed
 
 
@@ -127,3 +134,26 @@ def test_the_lean_client_keeps_one_connection_and_reports_unexpected_statuses(se
             connection.close()
 
     asyncio.run(scenario())
+
+
+def test_the_wal_figure_on_a_throwaway_cluster_says_autovacuum_was_paused_and_leaves_it_on(
+    pg_server: PostgresServer, database_url: str
+) -> None:
+    if pg_server.embedded is None:
+        pytest.skip("pauses autovacuum cluster-wide: only on the tests' own embedded cluster")
+    result = workloads.wal_per_message(libpq_url(database_url), 2000, 230, throwaway=True)
+    assert result.extra["method"] == "lsn, autovacuum paused"
+    assert result.messages == 2000
+    assert all(result.extra[part] > 0 for part in ("publish", "consume", "ack"))
+    assert result.extra["total_bytes"] == pytest.approx(
+        result.extra["publish"] + result.extra["consume"] + result.extra["ack"]
+    )
+    # The configuration is reloaded asynchronously: new sessions see it within moments.
+    deadline = time.monotonic() + 5
+    while True:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            setting = conn.execute("SHOW autovacuum").fetchone()
+        if setting == ("on",) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert setting == ("on",)

@@ -20,7 +20,12 @@ def results(**changes: Any) -> dict[str, Any]:
         "http_consume": Result("consume+ack (HTTP)", 150_000, 6, {"duplicates": 0, "distinct": 150_000}),
         "e2e": Result("end-to-end", 1500, 15, {"p50_ms": 3.2, "p99_ms": 9.0}),
         "backlog": {"rate_small": 25_000.0, "rate_large": 24_000.0, "ratio": 0.96},
-        "wal": Result("wal", 10_000, 0, {"total_bytes": 1100, "publish": 700, "consume": 170, "ack": 230}),
+        "wal": Result(
+            "wal",
+            10_000,
+            0,
+            {"total_bytes": 1100, "publish": 700, "consume": 170, "ack": 230, "fpi": 0, "method": "lsn"},
+        ),
     }
     base.update(changes)
     return base
@@ -46,7 +51,14 @@ def test_figures_and_ratios_come_from_the_results() -> None:
         {"e2e": Result("e", 1500, 15, {"p50_ms": 5.5, "p99_ms": 9.0})},
         {"e2e": Result("e", 1500, 15, {"p50_ms": 3.0, "p99_ms": 26.0})},
         {"backlog": {"rate_small": 25_000.0, "rate_large": 22_000.0, "ratio": 0.88}},
-        {"wal": Result("w", 10_000, 0, {"total_bytes": 1300, "publish": 800, "consume": 200, "ack": 300})},
+        {
+            "wal": Result(
+                "w",
+                10_000,
+                0,
+                {"total_bytes": 1300, "publish": 800, "consume": 200, "ack": 300, "fpi": 0, "method": "lsn"},
+            )
+        },
     ],
 )
 def test_any_missed_target_fails_the_run(change: dict[str, Any]) -> None:
