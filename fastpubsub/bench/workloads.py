@@ -2,14 +2,15 @@
 
 Every workload gets topics and subscriptions of its own (a unique prefix) and
 returns a Result. HTTP workloads run as asyncio tasks, each worker with a keep-alive
-connection of its own; SQL workloads call the stored functions through psycopg with one
-connection per worker and no HTTP at all: that is the ceiling HTTP is measured
-against.
+connection of its own; SQL workloads run the server's own statements from client
+processes with one connection each and no HTTP at all (fastpubsub.bench.ceiling):
+that is the ceiling HTTP is measured against.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import math
 import time
@@ -20,8 +21,9 @@ from typing import Any
 
 import orjson
 import psycopg
-from psycopg.types.json import set_json_loads
+from psycopg.rows import dict_row
 
+from fastpubsub.bench import ceiling
 from fastpubsub.bench.client import Connection
 from fastpubsub.database import _ids, driver_queries
 
@@ -268,10 +270,60 @@ async def http_end_to_end(
     return Result(f"end-to-end at {rate:g} msg/s (HTTP, long-poll)", len(latencies), elapsed, extra)
 
 
+# -- checking a drained subscription ---------------------------------------------------
+
+
+def verify_drained(result: Result, expected: int, metrics: dict[str, Any]) -> Result:
+    """Record in `result` whether all `expected` messages were delivered and acked exactly once.
+
+    The consumer's own count (distinct ids, ids seen twice) is checked against the
+    subscription's metrics read after the run: `acked` must be `expected` (a message
+    acked twice would count twice) and nothing may be left available, leased
+    (delivered), delayed or dead-lettered. `problems` lists every mismatch.
+    """
+    lost = expected - result.extra["distinct"]
+    problems = []
+    if lost:
+        problems.append(f"{lost:,} of {expected:,} never received")
+    if result.extra["duplicates"]:
+        problems.append(f"{result.extra['duplicates']:,} received twice")
+    if metrics["acked"] != expected:
+        problems.append(f"acked {metrics['acked']:,}, not {expected:,}")
+    for key in ("available", "delivered", "delayed", "dlq"):
+        if metrics[key]:
+            problems.append(f"{metrics[key]:,} {key}")
+    result.extra.update(
+        expected=expected,
+        lost=lost,
+        acked=metrics["acked"],
+        available=metrics["available"],
+        delivered=metrics["delivered"],
+        problems=problems,
+    )
+    return result
+
+
+async def http_metrics(http: Connection, subscription: str) -> dict[str, Any]:
+    """GET /subscriptions/{id}/metrics."""
+    metrics: dict[str, Any] = orjson.loads(await http.get(f"/subscriptions/{subscription}/metrics"))
+    return metrics
+
+
+def sql_metrics(url: str, subscription: str) -> dict[str, Any]:
+    """The server's subscription_metrics query."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.cursor(row_factory=dict_row).execute(
+            driver_queries()["subscription_metrics"], {"subscription_id": subscription}
+        )
+        return dict(row.fetchone() or {})
+
+
 # -- SQL (the ceiling) ------------------------------------------------------------
+# The server's statements from client processes, one connection each (see ceiling.py).
 
 
 async def sql_publish(
+    clients: ceiling.Clients,
     url: str,
     *,
     publishers: int,
@@ -283,75 +335,66 @@ async def sql_publish(
     topic = unique("bench-sql-pub")
     await asyncio.to_thread(sql_setup, url, topic, fan_out(topic))
     body = batch_body(batch, payload_bytes).decode()
-    connections = [await psycopg.AsyncConnection.connect(url, autocommit=True) for _ in range(publishers)]
-    try:
-
-        async def work(k: int) -> int:
-            await connections[k].execute("SELECT fastpubsub.publish_v2(%s, %s::jsonb, false)", (topic, body))
-            return batch
-
-        total, elapsed = await run_for(seconds, publishers, work, progress)
-    finally:
-        for conn in connections:
-            await conn.close()
-    return Result("publish (SQL ceiling)", total, elapsed, {"topic": topic})
+    jobs = [ceiling.Job("publish", url, topic, batch, seconds, body=body) for _ in range(publishers)]
+    outcomes = await clients.run(jobs, progress)
+    return Result(
+        "publish (SQL ceiling)",
+        sum(o.messages for o in outcomes),
+        ceiling.elapsed(outcomes),
+        {"topic": topic, "client_busy": round(ceiling.busy(outcomes), 3)},
+    )
 
 
-def sql_fill(url: str, topic: str, messages: int, payload_bytes: int, batch: int = 1000) -> None:
+def sql_fill(
+    url: str, topic: str, messages: int, payload_bytes: int, batch: int = 1000, connections: int = 4
+) -> None:
+    """Publish `messages` messages with the server's publish statement, over a few connections at once."""
     body = batch_body(batch, payload_bytes).decode()
-    with psycopg.connect(url, autocommit=True) as conn:
-        for start in range(0, messages, batch):
-            size = min(batch, messages - start)
-            content = body if size == batch else batch_body(size, payload_bytes).decode()
-            conn.execute("SELECT fastpubsub.publish_v2(%s, %s::jsonb, false)", (topic, content))
+    sql = driver_queries()["publish"]
+    sizes = [min(batch, messages - start) for start in range(0, messages, batch)]
+
+    def fill(share: list[int]) -> None:
+        with psycopg.connect(url, autocommit=True) as conn:
+            for size in share:
+                content = body if size == batch else batch_body(size, payload_bytes).decode()
+                conn.execute(sql, {"topic_id": topic, "payloads": content})
+
+    with concurrent.futures.ThreadPoolExecutor(connections) as pool:
+        for done in [pool.submit(fill, sizes[k::connections]) for k in range(connections)]:
+            done.result()
 
 
 async def sql_consume(
+    clients: ceiling.Clients,
     url: str,
     *,
     subscription: str,
     consumers: int,
     batch: int,
     seconds: float,
-    stop_after: int | None = None,
     progress: Progress | None = None,
 ) -> Result:
-    connections = [await psycopg.AsyncConnection.connect(url, autocommit=True) for _ in range(consumers)]
-    for connection in connections:
-        set_json_loads(orjson.loads, connection)  # the same JSON parser the HTTP client uses
-    seen: set[Any] = set()
+    """Consume and ack until the subscription is empty (or time is up); ids are counted as over HTTP."""
+    jobs = [
+        ceiling.Job("consume", url, subscription, batch, seconds, consumer=f"bench-{k}")
+        for k in range(consumers)
+    ]
+    outcomes = await clients.run(jobs, progress)
+    seen: set[str] = set()
     duplicates = 0
-    remaining = [stop_after if stop_after is not None else math.inf]
-    try:
-
-        async def work(k: int) -> int:
-            nonlocal duplicates
-            if remaining[0] <= 0:
-                return 0
-            # Everything the API returns for a message, as a consumer needs it.
-            cursor = await connections[k].execute(
-                "SELECT id, payload, attempts, created_at, attributes, priority"
-                " FROM fastpubsub.consume_v2(%s, %s, %s)",
-                (subscription, f"bench-{k}", batch),
-            )
-            ids = [row[0] for row in await cursor.fetchall()]
-            if not ids:
-                return 0
-            for message_id in ids:
-                duplicates += message_id in seen
-                seen.add(message_id)
-            await connections[k].execute("SELECT fastpubsub.ack(%s, %s::uuid[])", (subscription, ids))
-            remaining[0] -= len(ids)
-            return len(ids)
-
-        total, elapsed = await run_for(seconds, consumers, work, progress)
-    finally:
-        for conn in connections:
-            await conn.close()
+    for outcome in outcomes:
+        for message_id in outcome.ids:
+            duplicates += message_id in seen
+            seen.add(message_id)
     return Result(
-        "consume+ack (SQL ceiling)", total, elapsed, {"duplicates": duplicates, "distinct": len(seen)}
+        "consume+ack (SQL ceiling)",
+        sum(o.messages for o in outcomes),
+        ceiling.elapsed(outcomes),
+        {"duplicates": duplicates, "distinct": len(seen), "client_busy": round(ceiling.busy(outcomes), 3)},
     )
 
+
+# -- WAL per message ----------------------------------------------------------------------
 
 WAL_WARM_UP = 1000
 
