@@ -28,7 +28,7 @@ def bench_all(
         str | None,
         typer.Option(
             envvar="FASTPUBSUB_DATABASE_URL",
-            help="PostgreSQL URL (default: a throwaway embedded one)",
+            help="PostgreSQL URL (default: a throwaway embedded one); with --url, the server's database",
         ),
     ] = None,
     url: Annotated[
@@ -60,6 +60,10 @@ def bench_all(
     workers: Annotated[int, typer.Option(min=1, help="Workers of the server it starts")] = 2,
 ) -> None:
     """Every workload, HTTP side by side with the SQL ceiling, and the targets they meet."""
+    if url and not database_url:
+        # Fills, the ceiling and the checks would go to another database than the server's.
+        typer.echo("error: --url needs --database-url (the database that server uses)", err=True)
+        raise typer.Exit(2)
     options = suite.Options(
         seconds=seconds,
         rounds=rounds,
@@ -74,9 +78,13 @@ def bench_all(
         wal_messages=wal_messages,
         workers=workers,
     )
-    # The ceiling's client processes start first, while this process has no other thread.
-    with ceiling.Clients(max(publishers, consumers)) as clients:
-        results = asyncio.run(suite.run_all(options, database_url, url, token, clients))
+    try:
+        # The ceiling's client processes start first, while this process has no other thread.
+        with ceiling.Clients(max(publishers, consumers)) as clients:
+            results = asyncio.run(suite.run_all(options, database_url, url, token, clients))
+    except suite.BenchError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     figures = suite.report(results, options)
     if not figures["targets_met"]:
         raise typer.Exit(1)

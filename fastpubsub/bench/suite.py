@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import psycopg
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -48,6 +49,10 @@ class Options:
     backlog_sample: int = 10_000
     wal_messages: int = 20_000
     workers: int = 2
+
+
+class BenchError(Exception):
+    """The benchmark cannot run as asked (said in one line)."""
 
 
 @contextlib.contextmanager
@@ -149,6 +154,21 @@ async def server(database_url: str, workers: int) -> AsyncIterator[str]:
         os.unlink(log.name)
 
 
+async def same_database(client: workloads.Connect, database_url: str) -> None:
+    """Refuse a server that does not use `database_url` (fills and checks would miss its data)."""
+    probe = workloads.unique("bench-probe")
+    http = client()
+    try:
+        await http.post("/topics", orjson.dumps({"id": probe}), expect=201)
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            found = conn.execute("SELECT 1 FROM fastpubsub.topics WHERE id = %s", (probe,)).fetchone()
+        await http.request("DELETE", f"/topics/{probe}")
+    finally:
+        http.close()
+    if not found:
+        raise BenchError("the server at --url does not use the database at --database-url")
+
+
 # -- phases ---------------------------------------------------------------------------
 
 
@@ -195,6 +215,8 @@ async def run_all(
     o = options
     results: dict[str, Any] = {}
     with database(database_url) as (db_url, throwaway):
+        if url:
+            await same_database(connector(url, token), db_url)
         # First, while nothing else uses the database (a server started here is not up yet).
         with progress_bar(f"WAL of {o.wal_messages:,} message lifecycles", None):
             results["wal"] = await asyncio.to_thread(

@@ -223,6 +223,40 @@ def test_bench_all_runs_every_phase_and_its_exit_status_is_the_verdict(
     assert "WAL bytes per message" in result.stderr + result.stdout  # the table was printed
 
 
+def test_bench_all_against_a_server_needs_that_servers_database(server: Server) -> None:
+    result = subprocess.run(
+        [FASTPUBSUB, "bench", "all", "--url", server.url],
+        env={k: v for k, v in os.environ.items() if k != "FASTPUBSUB_DATABASE_URL"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: --url needs --database-url (the database that server uses)"
+    assert result.stdout == ""
+
+
+def test_bench_all_refuses_a_server_on_another_database(
+    pg_server: PostgresServer, template_database: str, server: Server
+) -> None:
+    name = f"fastpubsub_bench_other_{os.getpid()}"
+    other = pg_server.create_database(name, template=template_database)
+    try:
+        result = subprocess.run(
+            [FASTPUBSUB, "bench", "all", "--url", server.url, "--database-url", other],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        pg_server.drop_database(name)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: the server at --url does not use the database at --database-url"
+    assert result.stdout == ""
+
+
 def test_the_lean_client_keeps_one_connection_and_reports_unexpected_statuses(server: Server) -> None:
     async def scenario() -> None:
         connection = Connection(server.url)
