@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from fastpubsub.bench import suite, workloads
+from fastpubsub.bench import ceiling, suite, workloads
 
 bench_app = typer.Typer(
     help="Load generator: HTTP workloads against a server, the same work in plain SQL as the ceiling.",
@@ -27,39 +27,64 @@ def bench_all(
     database_url: Annotated[
         str | None,
         typer.Option(
-            envvar="FASTPUBSUB_DATABASE_URL", help="PostgreSQL URL (default: a throwaway embedded one)"
+            envvar="FASTPUBSUB_DATABASE_URL",
+            help="PostgreSQL URL (default: a throwaway embedded one); with --url, the server's database",
         ),
     ] = None,
     url: Annotated[
-        str | None, typer.Option(help="Server to load (default: start one with --workers)")
+        str | None,
+        typer.Option(
+            help="Server to load, which must use --database-url (default: start one with --workers)"
+        ),
     ] = None,
     token: Token = None,
-    seconds: Seconds = 15,
+    seconds: Annotated[float, typer.Option(min=1, help="How long each publish phase runs")] = 5,
+    rounds: Annotated[
+        int,
+        typer.Option(min=1, help="SQL and HTTP phases of publish and of consume+ack; medians are reported"),
+    ] = 3,
     publishers: Annotated[int, typer.Option(min=1)] = 4,
     consumers: Annotated[int, typer.Option(min=1)] = 4,
     batch: Batch = 100,
     payload_bytes: PayloadBytes = 230,
     rate: Annotated[float, typer.Option(min=1, help="End-to-end publish rate, msg/s")] = 100,
-    messages: Annotated[int, typer.Option(min=1000, help="Backlog each consume+ack phase drains")] = 150_000,
+    e2e_seconds: Annotated[float, typer.Option(min=1, help="How long the end-to-end phase runs")] = 10,
+    messages: Annotated[int, typer.Option(min=1000, help="Backlog each consume+ack phase drains")] = 50_000,
     backlog: Annotated[
         int,
         typer.Option(min=50_000, help="Large backlog for the backlog comparison (5 rounds take 10,000 each)"),
     ] = 1_000_000,
+    wal_messages: Annotated[
+        int, typer.Option(min=1000, help="Message lifecycles the WAL figure is measured over")
+    ] = 20_000,
     workers: Annotated[int, typer.Option(min=1, help="Workers of the server it starts")] = 2,
 ) -> None:
     """Every workload, HTTP side by side with the SQL ceiling, and the targets they meet."""
+    if url and not database_url:
+        # Fills, the ceiling and the checks would go to another database than the server's.
+        typer.echo("error: --url needs --database-url (the database that server uses)", err=True)
+        raise typer.Exit(2)
     options = suite.Options(
         seconds=seconds,
+        rounds=rounds,
         publishers=publishers,
         consumers=consumers,
         batch=batch,
         payload_bytes=payload_bytes,
         rate=rate,
+        e2e_seconds=e2e_seconds,
         consume_messages=messages,
         backlog=backlog,
+        wal_messages=wal_messages,
         workers=workers,
     )
-    results = asyncio.run(suite.run_all(options, database_url, url, token))
+    try:
+        # The ceiling's client processes start first, while this process has no other thread.
+        with ceiling.Clients(max(publishers, consumers)) as clients:
+            results = asyncio.run(suite.run_all(options, database_url, url, token, clients))
+    except suite.BenchError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     figures = suite.report(results, options)
     if not figures["targets_met"]:
         raise typer.Exit(1)
@@ -103,7 +128,7 @@ def bench_consume(
     messages: Annotated[int, typer.Option(min=1, help="Messages to publish first, then consume")] = 100_000,
     payload_bytes: PayloadBytes = 230,
 ) -> None:
-    """Publish a backlog, then consume and ack it all; checks nothing is lost or delivered twice."""
+    """Publish a backlog, then consume and ack it all; checks nothing is lost, delivered or acked twice."""
 
     async def run() -> workloads.Result:
         connect = suite.connector(url, token)
@@ -127,12 +152,18 @@ def bench_consume(
                 progress=p,
             ),
         )
-        result.extra["lost"] = messages - result.extra["distinct"]
-        return result
+        check = connect()
+        try:
+            metrics = await workloads.http_metrics(check, subscription)
+        finally:
+            check.close()
+        return workloads.verify_drained(result, messages, metrics)
 
     result = asyncio.run(run())
     suite.report_one(result)
-    if result.extra["lost"] or result.extra["duplicates"]:
+    for problem in result.extra["problems"]:
+        typer.echo(f"consume check: {problem}", err=True)
+    if result.extra["problems"]:
         raise typer.Exit(1)
 
 
@@ -171,18 +202,23 @@ def bench_sql(
     payload_bytes: PayloadBytes = 230,
     seconds: Seconds = 15,
 ) -> None:
-    """The same publish and consume+ack work in plain SQL through psycopg: the ceiling for HTTP."""
+    """The server's publish and consume+ack statements with no HTTP, from one process per connection.
+
+    The ceiling for HTTP. Consume drains what publish left in one subscription
+    and checks every message was delivered and acked once.
+    """
     from fastpubsub import migrate
     from fastpubsub.database import libpq_url
 
     url = libpq_url(database_url)
 
-    async def run() -> list[workloads.Result]:
+    async def run(clients: ceiling.Clients) -> list[workloads.Result]:
         await asyncio.to_thread(migrate.upgrade, url)
         published = await suite.phase(
             "publish, SQL",
             None,
             lambda p: workloads.sql_publish(
+                clients,
                 url,
                 publishers=publishers,
                 batch=batch,
@@ -196,10 +232,23 @@ def bench_sql(
             "consume+ack, SQL",
             published.messages,
             lambda p: workloads.sql_consume(
-                url, subscription=subscription, consumers=consumers, batch=batch, seconds=600, progress=p
+                clients,
+                url,
+                subscription=subscription,
+                consumers=consumers,
+                batch=batch,
+                seconds=600,
+                progress=p,
             ),
         )
-        return [published, consumed]
+        metrics = await asyncio.to_thread(workloads.sql_metrics, url, subscription)
+        return [published, workloads.verify_drained(consumed, published.messages, metrics)]
 
-    for result in asyncio.run(run()):
+    with ceiling.Clients(max(publishers, consumers)) as clients:
+        results = asyncio.run(run(clients))
+    for result in results:
         suite.report_one(result)
+    for problem in results[1].extra["problems"]:
+        typer.echo(f"consume check: {problem}", err=True)
+    if results[1].extra["problems"]:
+        raise typer.Exit(1)

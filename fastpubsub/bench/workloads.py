@@ -2,27 +2,30 @@
 
 Every workload gets topics and subscriptions of its own (a unique prefix) and
 returns a Result. HTTP workloads run as asyncio tasks, each worker with a keep-alive
-connection of its own; SQL workloads call the stored functions through psycopg with one
-connection per worker and no HTTP at all: that is the ceiling HTTP is measured
-against.
+connection of its own; SQL workloads run the server's own statements from client
+processes with one connection each and no HTTP at all (fastpubsub.bench.ceiling):
+that is the ceiling HTTP is measured against.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 import psycopg
-from psycopg.types.json import set_json_loads
+from psycopg.rows import dict_row
 
+from fastpubsub.bench import ceiling
 from fastpubsub.bench.client import Connection
+from fastpubsub.database import _ids, driver_queries
 
 Progress = Callable[[int], None]
 
@@ -267,10 +270,60 @@ async def http_end_to_end(
     return Result(f"end-to-end at {rate:g} msg/s (HTTP, long-poll)", len(latencies), elapsed, extra)
 
 
+# -- checking a drained subscription ---------------------------------------------------
+
+
+def verify_drained(result: Result, expected: int, metrics: dict[str, Any]) -> Result:
+    """Record in `result` whether all `expected` messages were delivered and acked exactly once.
+
+    The consumer's own count (distinct ids, ids seen twice) is checked against the
+    subscription's metrics read after the run: `acked` must be `expected` (a message
+    acked twice would count twice) and nothing may be left available, leased
+    (delivered), delayed or dead-lettered. `problems` lists every mismatch.
+    """
+    lost = expected - result.extra["distinct"]
+    problems = []
+    if lost:
+        problems.append(f"{lost:,} of {expected:,} never received")
+    if result.extra["duplicates"]:
+        problems.append(f"{result.extra['duplicates']:,} received twice")
+    if metrics["acked"] != expected:
+        problems.append(f"acked {metrics['acked']:,}, not {expected:,}")
+    for key in ("available", "delivered", "delayed", "dlq"):
+        if metrics[key]:
+            problems.append(f"{metrics[key]:,} {key}")
+    result.extra.update(
+        expected=expected,
+        lost=lost,
+        acked=metrics["acked"],
+        available=metrics["available"],
+        delivered=metrics["delivered"],
+        problems=problems,
+    )
+    return result
+
+
+async def http_metrics(http: Connection, subscription: str) -> dict[str, Any]:
+    """GET /subscriptions/{id}/metrics."""
+    metrics: dict[str, Any] = orjson.loads(await http.get(f"/subscriptions/{subscription}/metrics"))
+    return metrics
+
+
+def sql_metrics(url: str, subscription: str) -> dict[str, Any]:
+    """The server's subscription_metrics query."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.cursor(row_factory=dict_row).execute(
+            driver_queries()["subscription_metrics"], {"subscription_id": subscription}
+        )
+        return dict(row.fetchone() or {})
+
+
 # -- SQL (the ceiling) ------------------------------------------------------------
+# The server's statements from client processes, one connection each (see ceiling.py).
 
 
 async def sql_publish(
+    clients: ceiling.Clients,
     url: str,
     *,
     publishers: int,
@@ -282,110 +335,194 @@ async def sql_publish(
     topic = unique("bench-sql-pub")
     await asyncio.to_thread(sql_setup, url, topic, fan_out(topic))
     body = batch_body(batch, payload_bytes).decode()
-    connections = [await psycopg.AsyncConnection.connect(url, autocommit=True) for _ in range(publishers)]
-    try:
-
-        async def work(k: int) -> int:
-            await connections[k].execute("SELECT fastpubsub.publish_v2(%s, %s::jsonb, false)", (topic, body))
-            return batch
-
-        total, elapsed = await run_for(seconds, publishers, work, progress)
-    finally:
-        for conn in connections:
-            await conn.close()
-    return Result("publish (SQL ceiling)", total, elapsed, {"topic": topic})
+    jobs = [ceiling.Job("publish", url, topic, batch, seconds, body=body) for _ in range(publishers)]
+    outcomes = await clients.run(jobs, progress)
+    return Result(
+        "publish (SQL ceiling)",
+        sum(o.messages for o in outcomes),
+        ceiling.elapsed(outcomes),
+        {"topic": topic, "client_busy": round(ceiling.busy(outcomes), 3)},
+    )
 
 
-def sql_fill(url: str, topic: str, messages: int, payload_bytes: int, batch: int = 1000) -> None:
+def sql_fill(
+    url: str, topic: str, messages: int, payload_bytes: int, batch: int = 1000, connections: int = 4
+) -> None:
+    """Publish `messages` messages with the server's publish statement, over a few connections at once."""
     body = batch_body(batch, payload_bytes).decode()
-    with psycopg.connect(url, autocommit=True) as conn:
-        for start in range(0, messages, batch):
-            size = min(batch, messages - start)
-            content = body if size == batch else batch_body(size, payload_bytes).decode()
-            conn.execute("SELECT fastpubsub.publish_v2(%s, %s::jsonb, false)", (topic, content))
+    sql = driver_queries()["publish"]
+    sizes = [min(batch, messages - start) for start in range(0, messages, batch)]
+
+    def fill(share: list[int]) -> None:
+        with psycopg.connect(url, autocommit=True) as conn:
+            for size in share:
+                content = body if size == batch else batch_body(size, payload_bytes).decode()
+                conn.execute(sql, {"topic_id": topic, "payloads": content})
+
+    with concurrent.futures.ThreadPoolExecutor(connections) as pool:
+        for done in [pool.submit(fill, sizes[k::connections]) for k in range(connections)]:
+            done.result()
 
 
 async def sql_consume(
+    clients: ceiling.Clients,
     url: str,
     *,
     subscription: str,
     consumers: int,
     batch: int,
     seconds: float,
-    stop_after: int | None = None,
     progress: Progress | None = None,
 ) -> Result:
-    connections = [await psycopg.AsyncConnection.connect(url, autocommit=True) for _ in range(consumers)]
-    for connection in connections:
-        set_json_loads(orjson.loads, connection)  # the same JSON parser the HTTP client uses
-    seen: set[Any] = set()
+    """Consume and ack until the subscription is empty (or time is up); ids are counted as over HTTP."""
+    jobs = [
+        ceiling.Job("consume", url, subscription, batch, seconds, consumer=f"bench-{k}")
+        for k in range(consumers)
+    ]
+    outcomes = await clients.run(jobs, progress)
+    seen: set[str] = set()
     duplicates = 0
-    remaining = [stop_after if stop_after is not None else math.inf]
-    try:
-
-        async def work(k: int) -> int:
-            nonlocal duplicates
-            if remaining[0] <= 0:
-                return 0
-            # Everything the API returns for a message, as a consumer needs it.
-            cursor = await connections[k].execute(
-                "SELECT id, payload, attempts, created_at, attributes, priority"
-                " FROM fastpubsub.consume_v2(%s, %s, %s)",
-                (subscription, f"bench-{k}", batch),
-            )
-            ids = [row[0] for row in await cursor.fetchall()]
-            if not ids:
-                return 0
-            for message_id in ids:
-                duplicates += message_id in seen
-                seen.add(message_id)
-            await connections[k].execute("SELECT fastpubsub.ack(%s, %s::uuid[])", (subscription, ids))
-            remaining[0] -= len(ids)
-            return len(ids)
-
-        total, elapsed = await run_for(seconds, consumers, work, progress)
-    finally:
-        for conn in connections:
-            await conn.close()
+    for outcome in outcomes:
+        for message_id in outcome.ids:
+            duplicates += message_id in seen
+            seen.add(message_id)
     return Result(
-        "consume+ack (SQL ceiling)", total, elapsed, {"duplicates": duplicates, "distinct": len(seen)}
+        "consume+ack (SQL ceiling)",
+        sum(o.messages for o in outcomes),
+        ceiling.elapsed(outcomes),
+        {"duplicates": duplicates, "distinct": len(seen), "client_busy": round(ceiling.busy(outcomes), 3)},
     )
 
 
-def wal_per_message(url: str, messages: int, payload_bytes: int, batch: int = 100) -> Result:
-    """WAL bytes written per message for publish, consume and ack on one subscription."""
+# -- WAL per message ----------------------------------------------------------------------
+
+WAL_WARM_UP = 1000
+
+
+@contextlib.contextmanager
+def autovacuum_paused(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """Autovacuum off for the whole cluster, and no autovacuum worker left running.
+
+    Only for the throwaway cluster: it changes the server's configuration
+    (ALTER SYSTEM) and cancels autovacuum workers, which needs a superuser.
+    """
+    conn.execute("ALTER SYSTEM SET autovacuum = off")
+    conn.execute("SELECT pg_reload_conf()")
+    try:
+        time.sleep(0.2)  # the launcher reads the new setting and starts no more workers
+        idle_checks = 0
+        deadline = time.monotonic() + 30
+        while idle_checks < 2 and time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT count(pg_cancel_backend(pid)) FROM pg_stat_activity"
+                " WHERE backend_type = 'autovacuum worker'"
+            ).fetchone()
+            idle_checks = idle_checks + 1 if row is not None and row[0] == 0 else 0
+            time.sleep(0.1)
+        yield
+    finally:
+        conn.execute("ALTER SYSTEM RESET autovacuum")
+        conn.execute("SELECT pg_reload_conf()")
+
+
+def wal_per_message(
+    url: str, messages: int, payload_bytes: int, batch: int = 100, *, throwaway: bool
+) -> Result:
+    """WAL bytes written per message for publish, consume and ack on one subscription.
+
+    The lifecycle runs the server's statements on one connection, batches of
+    `batch`: publish every message, consume them all, ack them all.
+
+    How the bytes are counted (`method` in the result):
+    * "lsn, autovacuum paused" on the throwaway cluster: the advance of the WAL
+      insert position (what is really written, record alignment included) while
+      autovacuum is off cluster-wide, so that only this lifecycle (and the odd
+      background record, a few bytes every 15 s) writes WAL;
+    * "backend" on a given database with PostgreSQL 18 or later: this
+      connection's own WAL from pg_stat_get_backend_wal (record sizes without
+      alignment, about 2% below the former), which other sessions and autovacuum
+      cannot inflate; the given server's configuration is left alone;
+    * "lsn, autovacuum running" otherwise: other sessions' WAL may be included.
+
+    A CHECKPOINT first means none starts during the measurement (it is far
+    shorter than checkpoint_timeout and far below max_wal_size). After a
+    checkpoint the first change to each page is logged with an image of the
+    whole page (full_page_writes), a cost a running system pays once per page
+    per checkpoint cycle; a warm-up lifecycle pays it on the pages every
+    message touches (index tails, the subscription's row) so that the figure
+    is the steady state's. `fpi` says how many page images were still logged
+    during the measurement (backend statistics, PostgreSQL 18+).
+    """
     topic = unique("bench-wal")
     subscription = f"{topic}-s"
     sql_setup(url, topic, [(subscription, None)])
     body = batch_body(batch, payload_bytes).decode()
+    queries = driver_queries()
     with psycopg.connect(url, autocommit=True) as conn:
-        # Page images after a checkpoint are not part of a message's cost. A role
-        # that may not checkpoint gets a figure that includes some of them.
-        with contextlib.suppress(psycopg.Error):
-            conn.execute("CHECKPOINT")
+        row = conn.execute(
+            "SELECT CASE WHEN to_regproc('pg_stat_get_backend_wal') IS NULL THEN false"
+            " ELSE has_function_privilege('pg_stat_force_next_flush()', 'execute') END"
+        ).fetchone()
+        backend_stats = bool(row and row[0])
+        method = (
+            "lsn, autovacuum paused"
+            if throwaway
+            else "backend"
+            if backend_stats
+            else "lsn, autovacuum running"
+        )
 
-        def lsn() -> Any:
-            return conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]  # type: ignore[index]
+        def mark() -> tuple[Any, int, int]:
+            """The WAL insert position, and this backend's WAL bytes and page images so far."""
+            if not backend_stats:
+                row = conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()
+                return (row[0] if row else None), 0, 0
+            conn.execute("SELECT pg_stat_force_next_flush()")  # flushed as this statement ends
+            row = conn.execute(
+                "SELECT pg_current_wal_insert_lsn(), wal_bytes, wal_fpi"
+                " FROM pg_stat_get_backend_wal(pg_backend_pid())"
+            ).fetchone() or (None, 0, 0)
+            return row[0], int(row[1]), int(row[2])
 
-        def diff(a: Any, b: Any) -> int:
-            return int(conn.execute("SELECT pg_wal_lsn_diff(%s, %s)", (b, a)).fetchone()[0])  # type: ignore[index]
+        def publish(count: int) -> None:
+            for _ in range(count // batch):
+                conn.execute(queries["publish"], {"topic_id": topic, "payloads": body})
 
-        marks = [lsn()]
-        for _ in range(messages // batch):
-            conn.execute("SELECT fastpubsub.publish_v2(%s, %s::jsonb, false)", (topic, body))
-        marks.append(lsn())
-        leased = []
-        for _ in range(messages // batch):
-            cursor = conn.execute(
-                "SELECT id FROM fastpubsub.consume_v2(%s, 'wal', %s)", (subscription, batch)
-            )
-            leased.append([row[0] for row in cursor.fetchall()])
-        marks.append(lsn())
-        for ids in leased:
-            conn.execute("SELECT fastpubsub.ack(%s, %s::uuid[])", (subscription, ids))
-        marks.append(lsn())
+        def consume(count: int) -> list[list[str]]:
+            pages = []
+            params = {"subscription_id": subscription, "consumer_id": "wal", "batch_size": batch}
+            for _ in range(count // batch):
+                row = conn.execute(queries["consume_json"], params).fetchone()
+                pages.append([message["id"] for message in orjson.loads(row[1])] if row else [])
+            return pages
+
+        def ack(pages: list[list[str]]) -> None:
+            for ids in pages:
+                conn.execute(queries["ack"], {"subscription_id": subscription, "ids": _ids(ids)})
+
+        with autovacuum_paused(conn) if throwaway else contextlib.nullcontext():
+            # Without the privilege to checkpoint, a timed checkpoint may fall in the measurement.
+            with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
+                conn.execute("CHECKPOINT")
+            publish(WAL_WARM_UP)
+            ack(consume(WAL_WARM_UP))
+            marks = [mark()]
+            publish(messages)
+            marks.append(mark())
+            pages = consume(messages)
+            marks.append(mark())
+            ack(pages)
+            marks.append(mark())
         n = (messages // batch) * batch
-        per = [diff(marks[i], marks[i + 1]) / n for i in range(3)]
+        if method == "backend":
+            per = [(marks[i + 1][1] - marks[i][1]) / n for i in range(3)]
+        else:
+            per = []
+            for i in range(3):
+                row = conn.execute(
+                    "SELECT pg_wal_lsn_diff(%s, %s)", (marks[i + 1][0], marks[i][0])
+                ).fetchone()
+                per.append(float(row[0]) / n if row else 0.0)
     return Result(
         "WAL per message lifecycle",
         n,
@@ -396,5 +533,7 @@ def wal_per_message(url: str, messages: int, payload_bytes: int, batch: int = 10
             "ack": per[2],
             "total_bytes": sum(per),
             "payload_bytes": payload_bytes,
+            "fpi": marks[3][2] - marks[0][2] if backend_stats else None,
+            "method": method,
         },
     )

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
+import time
 from collections.abc import Callable
 
+import orjson
+import psycopg
 import pytest
 
+from fastpubsub.bench import ceiling, workloads
 from fastpubsub.bench.client import Connection, HttpError
+from fastpubsub.database import libpq_url
+from tests.conftest import PostgresServer
 from tests.e2e.conftest import FASTPUBSUB, Server, base_env
 
 
@@ -40,6 +47,9 @@ def test_publish_consume_and_end_to_end_over_http(server: Server) -> None:
     assert consumed["distinct"] == 3000
     assert consumed["duplicates"] == 0
     assert consumed["lost"] == 0
+    # The subscription's metrics after the run: every message acked once, nothing left.
+    assert (consumed["acked"], consumed["available"], consumed["delivered"]) == (3000, 0, 0)
+    assert consumed["problems"] == []
 
     e2e = bench("e2e", "--url", server.url, "--seconds", "2", "--rate", "50")
     assert e2e["messages"] >= 90  # about 100 published in 2 s, every one received
@@ -58,9 +68,95 @@ def test_the_sql_ceiling_runs_the_same_work_without_http(database_url: str) -> N
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     by_name = {line["workload"]: line for line in lines}
-    assert by_name["publish (SQL ceiling)"]["msgs_per_s"] > 0
-    assert by_name["consume+ack (SQL ceiling)"]["messages"] > 0
-    assert by_name["consume+ack (SQL ceiling)"]["duplicates"] == 0
+    published, consumed = by_name["publish (SQL ceiling)"], by_name["consume+ack (SQL ceiling)"]
+    assert published["msgs_per_s"] > 0
+    # Consume drains what was published into one of the subscriptions, each message once.
+    assert consumed["messages"] == consumed["distinct"] == consumed["acked"] == published["messages"]
+    assert consumed["duplicates"] == 0
+    assert consumed["problems"] == []
+    assert 0 <= published["client_busy"] <= 1
+    assert 0 <= consumed["client_busy"] <= 1
+
+
+def last_statements(database_url: str, application: str) -> set[str]:
+    """The statement each connection of `application` to this database ran last."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT query FROM pg_stat_activity WHERE datname = current_database() AND application_name = %s",
+            (application,),
+        ).fetchall()
+    return {row[0] for row in rows}
+
+
+def test_the_ceiling_sends_the_servers_own_statements_from_processes_of_its_own(
+    database_url: str, server: Server
+) -> None:
+    url = libpq_url(database_url)
+    topic, subscription = "same", "same-s"
+    workloads.sql_setup(url, topic, [(subscription, None)])
+    workloads.sql_fill(url, topic, 4000, 230, batch=100)
+
+    async def scenario() -> None:
+        http = Connection(server.url)
+        path = f"/subscriptions/{subscription}"
+        params = {"consumer_id": "http", "batch_size": 1}
+        try:
+            with ceiling.Clients(2) as clients:
+                await http.post(f"/topics/{topic}/messages", workloads.batch_body(1, 230), expect=204)
+                published = await workloads.sql_publish(
+                    clients, url, publishers=2, batch=1, payload_bytes=230, seconds=0.2
+                )
+                served = last_statements(url, "fastpubsub")
+                ours = last_statements(url, "fastpubsub-bench")
+                assert len(ours) == 1
+                assert "publish_v2" in next(iter(ours))
+                assert ours <= served
+
+                page = orjson.loads(await http.get(f"{path}/messages", params=params))["data"]
+                await http.post(f"{path}/acks", orjson.dumps([page[0]["id"]]), expect=204)
+                # Stopped by time with messages left, each client's last statement is an ack.
+                stopped = await workloads.sql_consume(
+                    clients, url, subscription=subscription, consumers=2, batch=1, seconds=0.2
+                )
+                assert 0 < stopped.messages < 4000
+                ours = last_statements(url, "fastpubsub-bench")
+                assert len(ours) == 1
+                assert "fastpubsub.ack(" in next(iter(ours))
+                assert ours <= last_statements(url, "fastpubsub")
+
+                # Drained, each client's last statement found nothing to consume.
+                drained = await workloads.sql_consume(
+                    clients, url, subscription=subscription, consumers=2, batch=100, seconds=60
+                )
+                assert stopped.messages + drained.messages == 4000
+                assert await http.get(f"{path}/messages", params=params) == b'{"data":[]}'
+                ours = last_statements(url, "fastpubsub-bench")
+                assert len(ours) == 1
+                assert "consume_v2" in next(iter(ours))
+                assert ours <= last_statements(url, "fastpubsub")
+        finally:
+            http.close()
+        assert published.messages > 0
+
+    asyncio.run(scenario())
+
+
+def test_ceiling_clients_are_processes_of_their_own(database_url: str) -> None:
+    url = libpq_url(database_url)
+
+    async def scenario() -> list[ceiling.Outcome]:
+        topic = workloads.unique("procs")
+        workloads.sql_setup(url, topic, workloads.fan_out(topic))
+        body = workloads.batch_body(10, 230).decode()
+        with ceiling.Clients(3) as clients:
+            jobs = [ceiling.Job("publish", url, topic, 10, 0.3, body=body) for _ in range(3)]
+            return await clients.run(jobs)
+
+    outcomes = asyncio.run(scenario())
+    pids = {outcome.pid for outcome in outcomes}
+    assert len(pids) == 3
+    assert os.getpid() not in pids
+    assert all(outcome.messages > 0 for outcome in outcomes)
 
 
 @pytest.mark.slow
@@ -78,12 +174,18 @@ def test_bench_all_runs_every_phase_and_its_exit_status_is_the_verdict(
             server.url,
             "--seconds",
             "1",
+            "--rounds",
+            "2",
             "--messages",
             "2000",
             "--backlog",
             "50000",
             "--rate",
             "20",
+            "--e2e-seconds",
+            "2",
+            "--wal-messages",
+            "2000",
         ],
         capture_output=True,
         text=True,
@@ -103,12 +205,56 @@ def test_bench_all_runs_every_phase_and_its_exit_status_is_the_verdict(
         "backlog_large_msgs_per_s",
     ):
         assert figures[key] > 0, key
+    # Two rounds of each phase on each side; the figure is their median.
+    assert figures["rounds"] == 2
+    for key in ("publish_sql", "publish_http", "consume_ack_sql", "consume_ack_http"):
+        rounds = figures[f"{key}_rounds"]
+        assert len(rounds) == 2, key
+        assert min(rounds) <= figures[f"{key}_msgs_per_s"] <= max(rounds), key
     assert figures["consume_lost"] == 0
     assert figures["consume_duplicates"] == 0
+    assert figures["consume_problems"] == []
+    assert 0 <= figures["sql_client_busy"] <= 1
     assert 0 < figures["e2e_p50_ms"] <= figures["e2e_p99_ms"]
     parts = figures["wal_publish"] + figures["wal_consume"] + figures["wal_ack"]
     assert abs(figures["wal_bytes_per_message"] - parts) <= 2  # each figure is rounded on its own
+    # A given database's configuration is left alone: the backend's own WAL is counted.
+    assert figures["wal_method"] in ("backend", "lsn, autovacuum running")
     assert "WAL bytes per message" in result.stderr + result.stdout  # the table was printed
+
+
+def test_bench_all_against_a_server_needs_that_servers_database(server: Server) -> None:
+    result = subprocess.run(
+        [FASTPUBSUB, "bench", "all", "--url", server.url],
+        env={k: v for k, v in os.environ.items() if k != "FASTPUBSUB_DATABASE_URL"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: --url needs --database-url (the database that server uses)"
+    assert result.stdout == ""
+
+
+def test_bench_all_refuses_a_server_on_another_database(
+    pg_server: PostgresServer, template_database: str, server: Server
+) -> None:
+    name = f"fastpubsub_bench_other_{os.getpid()}"
+    other = pg_server.create_database(name, template=template_database)
+    try:
+        result = subprocess.run(
+            [FASTPUBSUB, "bench", "all", "--url", server.url, "--database-url", other],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        pg_server.drop_database(name)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: the server at --url does not use the database at --database-url"
+    assert result.stdout == ""
 
 
 def test_the_lean_client_keeps_one_connection_and_reports_unexpected_statuses(server: Server) -> None:
@@ -127,3 +273,26 @@ def test_the_lean_client_keeps_one_connection_and_reports_unexpected_statuses(se
             connection.close()
 
     asyncio.run(scenario())
+
+
+def test_the_wal_figure_on_a_throwaway_cluster_says_autovacuum_was_paused_and_leaves_it_on(
+    pg_server: PostgresServer, database_url: str
+) -> None:
+    if pg_server.embedded is None:
+        pytest.skip("pauses autovacuum cluster-wide: only on the tests' own embedded cluster")
+    result = workloads.wal_per_message(libpq_url(database_url), 2000, 230, throwaway=True)
+    assert result.extra["method"] == "lsn, autovacuum paused"
+    assert result.messages == 2000
+    assert all(result.extra[part] > 0 for part in ("publish", "consume", "ack"))
+    assert result.extra["total_bytes"] == pytest.approx(
+        result.extra["publish"] + result.extra["consume"] + result.extra["ack"]
+    )
+    # The configuration is reloaded asynchronously: new sessions see it within moments.
+    deadline = time.monotonic() + 5
+    while True:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            setting = conn.execute("SHOW autovacuum").fetchone()
+        if setting == ("on",) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert setting == ("on",)

@@ -7,20 +7,32 @@ from typing import Any
 import pytest
 
 from fastpubsub.bench.suite import Options, summary
-from fastpubsub.bench.workloads import Result
+from fastpubsub.bench.workloads import Result, verify_drained
+
+DRAINED = {"available": 0, "delivered": 0, "delayed": 0, "acked": 150_000, "dlq": 0}
+
+
+def consumed(name: str, seconds: float, metrics: dict[str, int] | None = None, **counts: int) -> Result:
+    """A consume+ack phase of 150,000 messages, checked against the subscription's metrics after it."""
+    extra: dict[str, Any] = {"duplicates": 0, "distinct": 150_000, "client_busy": 0.1} | counts
+    result = Result(name, extra["distinct"], seconds, extra)
+    return verify_drained(result, 150_000, DRAINED | (metrics or {}))
 
 
 def results(**changes: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
-        "sql_publish": Result("publish (SQL ceiling)", 300_000, 10),
-        "http_publish": Result("publish (HTTP)", 240_000, 10),
-        "sql_consume": Result(
-            "consume+ack (SQL ceiling)", 150_000, 5, {"duplicates": 0, "distinct": 150_000}
-        ),
-        "http_consume": Result("consume+ack (HTTP)", 150_000, 6, {"duplicates": 0, "distinct": 150_000}),
+        "sql_publish": [Result("publish (SQL ceiling)", 300_000, 10, {"client_busy": 0.2})] * 3,
+        "http_publish": [Result("publish (HTTP)", 240_000, 10)] * 3,
+        "sql_consume": [consumed("consume+ack (SQL ceiling)", 5)] * 3,
+        "http_consume": [consumed("consume+ack (HTTP)", 6)] * 3,
         "e2e": Result("end-to-end", 1500, 15, {"p50_ms": 3.2, "p99_ms": 9.0}),
         "backlog": {"rate_small": 25_000.0, "rate_large": 24_000.0, "ratio": 0.96},
-        "wal": Result("wal", 10_000, 0, {"total_bytes": 1100, "publish": 700, "consume": 170, "ack": 230}),
+        "wal": Result(
+            "wal",
+            10_000,
+            0,
+            {"total_bytes": 1100, "publish": 700, "consume": 170, "ack": 230, "fpi": 0, "method": "lsn"},
+        ),
     }
     base.update(changes)
     return base
@@ -33,20 +45,52 @@ def test_figures_and_ratios_come_from_the_results() -> None:
     assert figures["publish_ratio"] == 0.8
     assert figures["consume_ack_ratio"] == pytest.approx(0.833, abs=0.001)
     assert figures["consume_lost"] == 0
+    assert figures["consume_problems"] == []
+    assert figures["sql_client_busy"] == 0.2
     assert figures["targets_met"] is True
+
+
+def test_throughputs_are_the_medians_of_the_rounds() -> None:
+    sql = [Result("publish (SQL ceiling)", n, 10, {"client_busy": 0.1}) for n in (100_000, 300_000, 400_000)]
+    http = [Result("publish (HTTP)", n, 10) for n in (290_000, 50_000, 240_000)]
+    figures = summary(results(sql_publish=sql, http_publish=http), Options())
+    assert figures["publish_sql_rounds"] == [10_000, 30_000, 40_000]
+    assert figures["publish_http_rounds"] == [29_000, 5_000, 24_000]
+    assert figures["publish_sql_msgs_per_s"] == 30_000
+    assert figures["publish_http_msgs_per_s"] == 24_000
+    assert figures["publish_ratio"] == 0.8
+
+
+def test_a_subscription_not_drained_is_reported_and_fails_the_run() -> None:
+    leftover = consumed("consume+ack (HTTP)", 6, metrics={"acked": 149_990, "delivered": 10})
+    figures = summary(results(http_consume=[leftover, *results()["http_consume"][1:]]), Options())
+    assert figures["consume_problems"] == [
+        "consume+ack (HTTP), round 1: acked 149,990, not 150,000",
+        "consume+ack (HTTP), round 1: 10 delivered",
+    ]
+    assert figures["targets_met"] is False
 
 
 @pytest.mark.parametrize(
     "change",
     [
-        {"http_publish": Result("publish (HTTP)", 200_000, 10)},  # 67% of the ceiling
-        {"http_consume": Result("c", 150_000, 8, {"duplicates": 0, "distinct": 150_000})},  # 62%
-        {"http_consume": Result("c", 150_000, 6, {"duplicates": 1, "distinct": 150_000})},  # twice
-        {"http_consume": Result("c", 149_000, 6, {"duplicates": 0, "distinct": 149_000})},  # lost
+        {"http_publish": [Result("publish (HTTP)", 200_000, 10)] * 3},  # 67% of the ceiling
+        {"http_consume": [consumed("c", 8)] * 3},  # 62%
+        {"http_consume": [consumed("c", 6, duplicates=1)] * 3},  # delivered twice
+        {"http_consume": [consumed("c", 6, distinct=149_000)] * 3},  # lost
+        {"http_consume": [consumed("c", 6, metrics={"acked": 150_001})] * 3},  # acked twice
+        {"sql_consume": [consumed("c", 5, metrics={"available": 1})] * 3},  # the ceiling left one
         {"e2e": Result("e", 1500, 15, {"p50_ms": 5.5, "p99_ms": 9.0})},
         {"e2e": Result("e", 1500, 15, {"p50_ms": 3.0, "p99_ms": 26.0})},
         {"backlog": {"rate_small": 25_000.0, "rate_large": 22_000.0, "ratio": 0.88}},
-        {"wal": Result("w", 10_000, 0, {"total_bytes": 1300, "publish": 800, "consume": 200, "ack": 300})},
+        {
+            "wal": Result(
+                "w",
+                10_000,
+                0,
+                {"total_bytes": 1300, "publish": 800, "consume": 200, "ack": 300, "fpi": 0, "method": "lsn"},
+            )
+        },
     ],
 )
 def test_any_missed_target_fails_the_run(change: dict[str, Any]) -> None:
