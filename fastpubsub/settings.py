@@ -23,6 +23,9 @@ _PLACEHOLDER_SECRETS = {
     "your-secret-key",
     "a1b2c3d4e5f6g7h8i9j0k1l2m3n4o5p6",
 }
+# Words that mark a value as an example to replace (deploy/kubernetes/secret.yaml
+# ships `CHANGE-ME-use-fastpubsub-generate-secret-key`); compared case-insensitively.
+_PLACEHOLDER_WORDS = ("change-me", "changeme", "change_me", "example", "placeholder")
 
 
 class Settings(BaseSettings):
@@ -119,6 +122,12 @@ class Settings(BaseSettings):
             raise ConfigurationError(
                 "FASTPUBSUB_AUTH_ENABLED is true but FASTPUBSUB_AUTH_SECRET_KEY is not set; "
                 "create one with `fastpubsub generate-secret-key`"
+            )
+        word = next((word for word in _PLACEHOLDER_WORDS if word in key.lower()), None)
+        if word is not None:
+            raise ConfigurationError(
+                f'FASTPUBSUB_AUTH_SECRET_KEY looks like an example value (it contains "{word}"); '
+                "create a real key with `fastpubsub generate-secret-key`"
             )
         # An HMAC key should be as long as the hash: 32, 48 or 64 bytes.
         minimum = {"HS256": 32, "HS384": 48, "HS512": 64}[self.auth_algorithm]
