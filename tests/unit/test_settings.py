@@ -115,7 +115,7 @@ def test_signing_keys_must_be_long_enough(algorithm: str, key: str, ok: bool) ->
 def test_placeholder_signing_keys_are_refused(key: str) -> None:
     assert len(key) >= 32  # long enough: refused for what it says, not for its length
     settings = Settings(_env_file=None, auth_enabled=True, auth_secret_key=key)
-    with pytest.raises(ConfigurationError, match="example value.*generate-secret-key"):
+    with pytest.raises(ConfigurationError, match=r"example value.*generate-secret-key"):
         settings.require_auth_secret()
 
 
