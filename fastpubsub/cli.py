@@ -25,6 +25,7 @@ import typer
 from typer.core import TyperGroup
 
 from fastpubsub.exceptions import (
+    NOT_MIGRATED_STATES,
     AlreadyExistsError,
     ConfigurationError,
     DatabaseUnavailableError,
@@ -32,6 +33,7 @@ from fastpubsub.exceptions import (
     FastPubSubError,
     InvalidInputError,
     NotFoundError,
+    refused_for_good,
 )
 from fastpubsub.settings import Settings, get_settings
 
@@ -47,21 +49,6 @@ EXIT_CODES: dict[type[FastPubSubError], int] = {
 }
 
 _state = {"verbose": False}
-
-# SQLSTATEs that mean the fastpubsub schema (or a function of the current
-# revision) is missing: invalid_schema_name, undefined_table, undefined_function.
-_NOT_MIGRATED_STATES = {"3F000", "42P01", "42883"}
-# What PostgreSQL says when it refuses a connection for a reason that waiting
-# will not fix (the URL names a database, role or password that is wrong).
-_REFUSED_FOR_GOOD = (
-    "does not exist",
-    "authentication failed",
-    "no pg_hba.conf entry",
-    "not permitted to log in",
-    "permission denied",
-    "no password supplied",
-    "SSL",
-)
 
 
 def _exit_code(exc: FastPubSubError) -> int:
@@ -103,7 +90,7 @@ def describe_error(exc: BaseException) -> tuple[str, int]:
     if isinstance(translated, DatabaseUnavailableError) and driver is not None:
         # libpq's text names the server and why it refused; it never holds the password.
         reason = _first_line(str(driver)).removeprefix("connection failed: ")
-        if reason and any(marker in reason for marker in _REFUSED_FOR_GOOD):
+        if reason and refused_for_good(reason):
             return (
                 f"cannot connect to the database: {reason} (check FASTPUBSUB_DATABASE_URL)",
                 EXIT_CODES[ConfigurationError],
@@ -112,7 +99,7 @@ def describe_error(exc: BaseException) -> tuple[str, int]:
             return f"the database is unavailable ({reason}); retry shortly", _exit_code(translated)
     if translated is not None:
         return translated.message, _exit_code(translated)
-    if driver is not None and driver.sqlstate in _NOT_MIGRATED_STATES:
+    if driver is not None and driver.sqlstate in NOT_MIGRATED_STATES:
         return (
             "the database is not migrated (no fastpubsub schema, or an older revision): "
             f"run `fastpubsub db-migrate` ({_first_line(str(driver))})",
