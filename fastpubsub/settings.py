@@ -92,7 +92,9 @@ class Settings(BaseSettings):
         default=3600, ge=0, description="Acked deliveries (and retention for replay) older than this go"
     )
     cleanup_stuck_messages_lock_timeout_seconds: int = Field(
-        default=60, ge=0, description="Leases held longer than this are released"
+        default=60,
+        ge=0,
+        description="Leases held longer than this end: redelivered, or dead-lettered with no attempt left",
     )
     cleanup_batch_size: int = Field(
         default=5000, ge=1, le=1000000, description="Rows per cleanup transaction"
