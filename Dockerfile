@@ -21,7 +21,9 @@ ENV PATH=/opt/fastpubsub/bin:$PATH \
 USER 10001
 WORKDIR /app
 EXPOSE 8000
+# The check reads FASTPUBSUB_API_PORT at run time, so `-e FASTPUBSUB_API_PORT=9000`
+# moves the server and its health check together.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=15s --retries=3 \
-    CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/liveness', timeout=2).status != 200)"]
+    CMD ["python", "-c", "import os, sys, urllib.request\ntry:\n    url = 'http://127.0.0.1:%s/liveness' % os.environ.get('FASTPUBSUB_API_PORT', '8000')\n    sys.exit(urllib.request.urlopen(url, timeout=2).status != 200)\nexcept OSError as exc:\n    sys.exit('unhealthy: %s' % exc)"]
 ENTRYPOINT ["fastpubsub"]
 CMD ["server"]

@@ -8,20 +8,24 @@ and the cron jobs start fast.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import re
 import shutil
 import signal
 import sys
 import tempfile
 import traceback
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 from uuid import UUID
 
 import typer
+from typer.core import TyperGroup
 
 from fastpubsub.exceptions import (
+    NOT_MIGRATED_STATES,
     AlreadyExistsError,
     ConfigurationError,
     DatabaseUnavailableError,
@@ -29,6 +33,7 @@ from fastpubsub.exceptions import (
     FastPubSubError,
     InvalidInputError,
     NotFoundError,
+    refused_for_good,
 )
 from fastpubsub.settings import Settings, get_settings
 
@@ -43,14 +48,126 @@ EXIT_CODES: dict[type[FastPubSubError], int] = {
     EmbeddedDatabaseError: 6,
 }
 
+_state = {"verbose": False}
+
+
+def _exit_code(exc: FastPubSubError) -> int:
+    return next((code for kind, code in EXIT_CODES.items() if isinstance(exc, kind)), 1)
+
+
+def _first_line(text: str) -> str:
+    from fastpubsub.report import mask_url
+
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return mask_url(re.sub(r"\s+", " ", lines[0])) if lines else ""
+
+
+def _driver_error(exc: BaseException) -> Any:
+    """The psycopg error behind `exc` (through SQLAlchemy wrappers and `raise ... from`), if any."""
+    import psycopg
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, psycopg.Error):
+            return current
+        orig = getattr(current, "orig", None)
+        if isinstance(orig, psycopg.Error):
+            return orig
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def describe_error(exc: BaseException) -> tuple[str, int]:
+    """One line for the user and the exit code, for any error a command may meet."""
+    from sqlalchemy.exc import ArgumentError
+
+    from fastpubsub.database import translate_error
+
+    driver = _driver_error(exc)
+    translated = translate_error(exc)
+    if isinstance(translated, DatabaseUnavailableError) and driver is not None:
+        # libpq's text names the server and why it refused; it never holds the password.
+        reason = _first_line(str(driver)).removeprefix("connection failed: ")
+        if reason and refused_for_good(reason):
+            return (
+                f"cannot connect to the database: {reason} (check FASTPUBSUB_DATABASE_URL)",
+                EXIT_CODES[ConfigurationError],
+            )
+        if reason:
+            return f"the database is unavailable ({reason}); retry shortly", _exit_code(translated)
+    if translated is not None:
+        return translated.message, _exit_code(translated)
+    if driver is not None and driver.sqlstate in NOT_MIGRATED_STATES:
+        return (
+            "the database is not migrated (no fastpubsub schema, or an older revision): "
+            f"run `fastpubsub db-migrate` ({_first_line(str(driver))})",
+            EXIT_CODES[ConfigurationError],
+        )
+    if driver is not None:
+        return f"database error: {_first_line(str(driver))}", 1
+    if isinstance(exc, ArgumentError):
+        return f"not a database URL: {_first_line(str(exc))}", EXIT_CODES[ConfigurationError]
+    return f"unexpected {type(exc).__name__}: {_first_line(str(exc))} (--verbose shows where)", 1
+
+
+# Click's exception classes, from whichever click Typer runs on (recent Typer
+# versions vendor their own copy).
+_CLICK_ERRORS = {cls.__name__: cls for cls in typer.BadParameter.__mro__}
+_ClickException: type[Exception] = _CLICK_ERRORS["ClickException"]
+_UsageError: type[Exception] = _CLICK_ERRORS["UsageError"]
+
+
+def _usage_message(exc: Any) -> str:
+    message = " ".join(str(exc.format_message()).split()).rstrip(".")
+    ctx = getattr(exc, "ctx", None)
+    if isinstance(exc, _UsageError) and ctx is not None:
+        message += f"; see '{ctx.command_path} --help'"
+    return message
+
+
+@contextlib.contextmanager
+def _one_line_errors() -> Iterator[None]:
+    """Any error becomes one line on stderr and an exit code (the traceback only with --verbose)."""
+    try:
+        yield
+    except (typer.Exit, typer.Abort):
+        raise  # normal exits and Ctrl+C
+    except (_ClickException, typer.TyperException) as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            raise  # a bare group shows its help
+        # usage errors: unknown command or option, bad option value, missing argument
+        typer.echo(f"error: {_usage_message(exc)}", err=True)
+        raise typer.Exit(getattr(exc, "exit_code", 2)) from None
+    except Exception as exc:
+        if _state["verbose"]:
+            traceback.print_exc()
+        message, code = describe_error(exc)
+        typer.echo(f"error: {message}", err=True)
+        raise typer.Exit(code) from None
+
+
+class _Group(TyperGroup):
+    """The top-level group: usage errors and anything unexpected are reported in one line."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        with _one_line_errors():
+            return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx: Any) -> Any:
+        with _one_line_errors():
+            return super().invoke(ctx)
+
+
 app = typer.Typer(
+    cls=_Group,
     help="fastpubsub: publish/subscribe messaging inside PostgreSQL.",
     no_args_is_help=True,
     context_settings={"help_option_names": ["-h", "--help"]},
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-_state = {"verbose": False}
 
 
 @app.callback()
@@ -66,14 +183,16 @@ def fail(message: str, code: int = 1) -> typer.Exit:
 
 
 def run(coro_factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run a coroutine; turn fastpubsub errors into one line on stderr and an exit code."""
+    """Run a coroutine; turn any error into one line on stderr and an exit code."""
     try:
         return asyncio.run(coro_factory())
-    except FastPubSubError as exc:
+    except (typer.Exit, typer.Abort):
+        raise
+    except Exception as exc:
         if _state["verbose"]:
             traceback.print_exc()
-        code = next((c for kind, c in EXIT_CODES.items() if isinstance(exc, kind)), 1)
-        raise fail(exc.message, code) from None
+        message, code = describe_error(exc)
+        raise fail(message, code) from None
 
 
 def _settings() -> Settings:
@@ -86,6 +205,17 @@ def _settings() -> Settings:
 def _database_url(settings: Settings) -> str:
     if not settings.database_url:
         raise fail("FASTPUBSUB_DATABASE_URL is not set", EXIT_CODES[ConfigurationError])
+    from fastpubsub.database import sync_url
+
+    try:
+        sync_url(settings.database_url)
+    except Exception:
+        # Never echo the value: it may hold a password in a form nothing can mask.
+        raise fail(
+            "FASTPUBSUB_DATABASE_URL is not a PostgreSQL URL "
+            "(expected postgresql://USER:PASSWORD@HOST:5432/DATABASE)",
+            EXIT_CODES[ConfigurationError],
+        ) from None
     return settings.database_url
 
 
@@ -220,6 +350,15 @@ def dev(
     settings = _settings()
     embedded = None
     url = settings.database_url
+    if url:
+        for given, option in ((reset, "--reset"), (data_dir is not None, "--data-dir")):
+            if given:
+                raise fail(
+                    f"{option} is for the embedded database, but FASTPUBSUB_DATABASE_URL is set and dev "
+                    "uses that database (and never deletes it); unset the variable to use the embedded one",
+                    EXIT_CODES[InvalidInputError],
+                )
+        url = _database_url(settings)
     try:
         if not url:
             directory = data_dir or settings.embedded_data_dir
@@ -230,16 +369,24 @@ def dev(
             created = not embedded.initialized
             running = embedded.start()
             url = running.url()
-            verb = "Created" if created else "Started"
-            typer.echo(f"{verb} embedded PostgreSQL in {directory.resolve()} on port {running.port}")
+            for changed in embedded.permission_changes:
+                typer.echo(f"Made {changed} searchable (x) for the {embedded.user} user that runs PostgreSQL")
+            if embedded.started:
+                verb = "Created" if created else "Started"
+                typer.echo(f"{verb} embedded PostgreSQL in {directory.resolve()} on port {running.port}")
+            else:
+                typer.echo(
+                    f"Using the PostgreSQL already running in {directory.resolve()} on port {running.port} "
+                    "(started elsewhere: it keeps running when dev stops)"
+                )
         migrate.upgrade(url)
         typer.echo(f"Database migrated to {migrate.head_revision()}")
-    except FastPubSubError as exc:
-        raise fail(exc.message, next((c for k, c in EXIT_CODES.items() if isinstance(exc, k)), 1)) from None
     except Exception as exc:
         if _state["verbose"]:
             traceback.print_exc()
-        raise fail(f"could not prepare the database: {exc}".splitlines()[0], 5) from None
+        message, code = describe_error(exc)
+        prefix = "" if isinstance(exc, FastPubSubError) else "could not prepare the database: "
+        raise fail(prefix + message, code) from None
 
     os.environ["FASTPUBSUB_DATABASE_URL"] = url
     os.environ.setdefault("FASTPUBSUB_LOG_FORMAT", "text")  # people read these logs
@@ -248,14 +395,16 @@ def dev(
     shown = "localhost" if host in ("0.0.0.0", "127.0.0.1") else host
     typer.echo(f"API     http://{shown}:{port}")
     typer.echo(f"Docs    http://{shown}:{port}/docs")
-    typer.echo("Stop    Ctrl+C" + (" (the embedded database stops too; its data stays)" if embedded else ""))
+    stops_database = embedded is not None and embedded.started
+    note = " (the embedded database stops too; its data stays)" if stops_database else ""
+    typer.echo(f"Stop    Ctrl+C{note}")
     from fastpubsub.logs import configure_logging
 
     configure_logging(settings.log_level, settings.log_format)
     try:
         serve(settings, host, port, workers)
     finally:
-        if embedded is not None:
+        if embedded is not None and embedded.started:
             embedded.stop()
 
 
@@ -275,15 +424,10 @@ def db_migrate(
     try:
         migrate.upgrade(url, revision)
     except Exception as exc:
-        from fastpubsub.database import translate_error
-
         if _state["verbose"]:
             traceback.print_exc()
-        translated = translate_error(exc)
-        message = translated.message if translated else str(exc).splitlines()[0]
-        raise fail(
-            f"migration failed: {message}", 5 if isinstance(translated, DatabaseUnavailableError) else 1
-        ) from None
+        message, code = describe_error(exc)
+        raise fail(f"migration failed: {message}", code) from None
     typer.echo(f"database is at revision {migrate.current_revision(url)}")
 
 
@@ -298,12 +442,15 @@ def cleanup_acked_messages(
         typer.Option(min=1, max=1000000, help="Rows per transaction [FASTPUBSUB_CLEANUP_BATCH_SIZE]"),
     ] = None,
 ) -> None:
-    """Delete acked deliveries (and messages nothing needs any more) older than a cut-off."""
+    """Delete acked deliveries, messages nothing needs any more and idempotency keys past a cut-off."""
     settings = _settings()
     seconds = settings.cleanup_acked_messages_older_than_seconds if older_than is None else older_than
     batch = batch_size or settings.cleanup_batch_size
     result = run(lambda: _with_database(settings, lambda db: db.cleanup_acked(seconds, batch)))
-    typer.echo(f"deleted {result.acked_deleted} acked deliveries and {result.messages_deleted} messages")
+    typer.echo(
+        f"deleted {result.acked_deleted} acked deliveries, {result.messages_deleted} messages "
+        f"and {result.idempotency_keys_deleted} idempotency keys"
+    )
 
 
 @app.command("cleanup-stuck-messages")
@@ -313,11 +460,16 @@ def cleanup_stuck_messages(
         typer.Option(min=0, help="Seconds [FASTPUBSUB_CLEANUP_STUCK_MESSAGES_LOCK_TIMEOUT_SECONDS]"),
     ] = None,
 ) -> None:
-    """Release leases held for longer than the lock timeout."""
+    """End leases held longer than the lock timeout: redelivered, or dead-lettered with no attempt left."""
     settings = _settings()
     seconds = settings.cleanup_stuck_messages_lock_timeout_seconds if lock_timeout is None else lock_timeout
-    released = run(lambda: _with_database(settings, lambda db: db.cleanup_stuck(seconds)))
-    typer.echo(f"released {released} stuck leases")
+    ended = run(lambda: _with_database(settings, lambda db: db.cleanup_stuck(seconds)))
+    # cleanup_stuck returns one total: released leases plus leases whose
+    # message had no delivery attempt left and went to the dead-letter queue.
+    typer.echo(
+        f"ended {ended} stuck leases (each message is deliverable again, "
+        "or in the dead-letter queue if it had no delivery attempt left)"
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -480,7 +632,7 @@ def report(
         job = helpers.load_job()
         helpers.check_database(url)
     except FastPubSubError as exc:
-        raise fail(exc.message, next((c for k, c in EXIT_CODES.items() if isinstance(exc, k)), 1)) from None
+        raise fail(exc.message, _exit_code(exc)) from None
     typer.echo(
         f"reading {target.masked_url} from {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC "
         f"({partitions} partitions, driver {driver.describe()})",

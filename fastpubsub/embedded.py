@@ -9,11 +9,13 @@ system user instead.
 
 from __future__ import annotations
 
+import grp
 import importlib.util
 import os
 import pwd
 import shutil
 import socket
+import stat
 import subprocess
 import time
 from dataclasses import dataclass
@@ -81,12 +83,42 @@ def _server_user() -> str | None:
     return "fastpubsub"
 
 
-def _make_traversable(path: Path) -> None:
-    """Let other users reach `path`: add o+x to it and every parent."""
-    for part in [path, *path.parents]:
-        mode = part.stat().st_mode
-        if mode & 0o001 == 0:
-            part.chmod(mode | 0o011)
+def _groups(user: str) -> list[int]:
+    """The user's primary and supplementary group ids."""
+    primary = pwd.getpwnam(user).pw_gid
+    return [
+        primary,
+        *(group.gr_gid for group in grp.getgrall() if user in group.gr_mem and group.gr_gid != primary),
+    ]
+
+
+def grant_traversal(path: Path, user: str) -> list[Path]:
+    """Let `user` reach `path`; return the directories whose mode had to change.
+
+    As root, PostgreSQL runs as an unprivileged user, which must be able to walk
+    down to its data directory and to the binaries. Each directory from / down
+    to `path` that the user cannot search yet gets the one search bit that
+    applies to that user (owner, group or other: usually o+x), nothing more:
+    no read bit (the user still cannot list those directories), and
+    directories it can already search are left alone. The caller says which
+    directories changed (a checkout under /root, for instance, makes /root
+    searchable by others).
+    """
+    info = pwd.getpwnam(user)
+    groups = set(_groups(user))
+    changed = []
+    for directory in [*reversed(path.parents), path]:
+        status = directory.stat()
+        if status.st_uid == info.pw_uid:
+            bit = stat.S_IXUSR
+        elif status.st_gid in groups:
+            bit = stat.S_IXGRP
+        else:
+            bit = stat.S_IXOTH
+        if not status.st_mode & bit:
+            directory.chmod(stat.S_IMODE(status.st_mode) | bit)
+            changed.append(directory)
+    return changed
 
 
 @dataclass
@@ -119,10 +151,17 @@ class EmbeddedPostgres:
         self.settings = dict(settings or {})
         self.bin_dir = bin_dir or find_binaries()
         self.user = _server_user()
+        # True once this object started the server (and so may stop it); a
+        # server found already running belongs to whoever started it.
+        self.started = False
+        # Directories made searchable for the server user (see grant_traversal).
+        self.permission_changes: list[Path] = []
 
     # -- helpers -------------------------------------------------------------
     def _run(self, tool: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         cmd = [str(self.bin_dir / tool), *args]
+        # As root, run as the server user with that user's own groups (not root's).
+        groups = _groups(self.user) if self.user is not None else None
         try:
             return subprocess.run(
                 cmd,
@@ -131,6 +170,8 @@ class EmbeddedPostgres:
                 text=True,
                 timeout=timeout,
                 user=self.user,
+                group=groups[0] if groups else None,
+                extra_groups=groups,
                 cwd=self.data_dir,
             )
         except subprocess.CalledProcessError as exc:
@@ -144,11 +185,11 @@ class EmbeddedPostgres:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if self.user is not None:
             info = pwd.getpwnam(self.user)
-            _make_traversable(self.data_dir)
-            _make_traversable(self.bin_dir)
             shutil.chown(self.data_dir, info.pw_uid, info.pw_gid)
             if self.log_file.exists():
                 shutil.chown(self.log_file, info.pw_uid, info.pw_gid)
+            for path in (self.data_dir, self.bin_dir):
+                self.permission_changes += grant_traversal(path, self.user)
 
     @property
     def initialized(self) -> bool:
@@ -190,7 +231,11 @@ class EmbeddedPostgres:
         return True
 
     def start(self, timeout: float = 60) -> RunningServer:
-        """Start the server (initialising the cluster first if needed) and wait until ready."""
+        """Start the server (initialising the cluster first if needed) and wait until ready.
+
+        A server already running on this data directory is used as it is;
+        `started` tells whether this call started it.
+        """
         self.init()
         current = self.running()
         if current is not None:
@@ -212,6 +257,7 @@ class EmbeddedPostgres:
             "start",
             timeout=timeout + 10,
         )
+        self.started = True
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             current = self.running()

@@ -396,19 +396,38 @@ def load_job() -> Any:
 
 
 def check_database(url: str, timeout: int = 5) -> None:
-    """Fail fast (DatabaseUnavailableError) when the database cannot be reached."""
+    """Fail fast, in one line, when the database cannot be read.
+
+    DatabaseUnavailableError when it cannot be reached (retrying may help);
+    ConfigurationError when the server refuses the connection for good (a
+    database or role that does not exist, a wrong password) or the database is
+    not migrated.
+    """
     import psycopg
 
     from fastpubsub.database import libpq_url
-    from fastpubsub.exceptions import DatabaseUnavailableError
+    from fastpubsub.exceptions import (
+        NOT_MIGRATED_STATES,
+        DatabaseUnavailableError,
+        refused_for_good,
+    )
 
     try:
         with psycopg.connect(libpq_url(url), connect_timeout=timeout) as conn:
             conn.execute("SELECT 1 FROM fastpubsub.deliveries LIMIT 0")
     except psycopg.OperationalError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DatabaseUnavailableError(f"database unreachable: {mask_url(first)}") from None
+        lines = str(exc).strip().splitlines()
+        reason = mask_url(" ".join(lines[0].split())).removeprefix("connection failed: ") if lines else ""
+        if refused_for_good(reason):
+            raise ConfigurationError(
+                f"cannot connect to the database: {reason} (check the database URL)"
+            ) from None
+        raise DatabaseUnavailableError(f"database unreachable: {reason or type(exc).__name__}") from None
     except psycopg.Error as exc:
-        raise DatabaseUnavailableError(
-            f"cannot read the fastpubsub tables (run `fastpubsub db-migrate`?): {mask_url(str(exc).strip())}"
-        ) from None
+        first = mask_url(" ".join(str(exc).strip().splitlines()[0].split())) if str(exc).strip() else ""
+        if exc.sqlstate in NOT_MIGRATED_STATES:
+            raise ConfigurationError(
+                f"the database is not migrated (no fastpubsub schema, or an older revision): "
+                f"run `fastpubsub db-migrate` ({first})"
+            ) from None
+        raise DatabaseUnavailableError(f"cannot read the fastpubsub tables: {first}") from None

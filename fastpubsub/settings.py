@@ -23,6 +23,9 @@ _PLACEHOLDER_SECRETS = {
     "your-secret-key",
     "a1b2c3d4e5f6g7h8i9j0k1l2m3n4o5p6",
 }
+# Words that mark a value as an example to replace (deploy/kubernetes/secret.yaml
+# ships `CHANGE-ME-use-fastpubsub-generate-secret-key`); compared case-insensitively.
+_PLACEHOLDER_WORDS = ("change-me", "changeme", "change_me", "example", "placeholder")
 
 
 class Settings(BaseSettings):
@@ -89,7 +92,9 @@ class Settings(BaseSettings):
         default=3600, ge=0, description="Acked deliveries (and retention for replay) older than this go"
     )
     cleanup_stuck_messages_lock_timeout_seconds: int = Field(
-        default=60, ge=0, description="Expired leases taken longer ago than this are settled"
+        default=60,
+        ge=0,
+        description="Leases that ran out and were taken longer ago than this end (never a live one)",
     )
     cleanup_batch_size: int = Field(
         default=5000, ge=1, le=1000000, description="Rows per cleanup transaction"
@@ -119,6 +124,12 @@ class Settings(BaseSettings):
             raise ConfigurationError(
                 "FASTPUBSUB_AUTH_ENABLED is true but FASTPUBSUB_AUTH_SECRET_KEY is not set; "
                 "create one with `fastpubsub generate-secret-key`"
+            )
+        word = next((word for word in _PLACEHOLDER_WORDS if word in key.lower()), None)
+        if word is not None:
+            raise ConfigurationError(
+                f'FASTPUBSUB_AUTH_SECRET_KEY looks like an example value (it contains "{word}"); '
+                "create a real key with `fastpubsub generate-secret-key`"
             )
         # An HMAC key should be as long as the hash: 32, 48 or 64 bytes.
         minimum = {"HS256": 32, "HS384": 48, "HS512": 64}[self.auth_algorithm]

@@ -12,6 +12,7 @@ command line. `fastpubsub report` calls run_report. See docs/reporting.md.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 import time
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from uuid import UUID
 
 try:
     from fastpubsub import report as helpers
@@ -50,6 +52,9 @@ class ReportResult:
     until: datetime
     rows: dict[str, int]
     seconds: dict[str, float] = field(default_factory=dict)
+    # Set when the window starts before the oldest retained data (see _retained_from).
+    retained_from: datetime | None = None
+    plan: ReadPlan | None = None
 
 
 # ---------------------------------------------------------------------------
@@ -62,8 +67,47 @@ def _ts(value: datetime) -> str:
     return f"TIMESTAMPTZ '{value.astimezone(UTC).strftime('%Y-%m-%d %H:%M:%S.%f')}+00'"
 
 
-def _spark_ts(micros: int) -> str:
-    return datetime.fromtimestamp(micros / 1_000_000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+def _from_micros(micros: int) -> datetime:
+    return datetime.fromtimestamp(micros / 1_000_000, UTC)
+
+
+def range_predicates(column: str, boundaries: list[str]) -> list[str]:
+    """One WHERE clause per partition, split at `boundaries` (SQL literals, ascending).
+
+    The first range is open below and the last open above, so every row falls in
+    exactly one partition whatever its value; each clause is a plain range on
+    `column`, which an index on that column serves.
+    """
+    if not boundaries:
+        return []
+    clauses = [f"{column} < {boundaries[0]}"]
+    clauses += [f"{column} >= {lo} AND {column} < {hi}" for lo, hi in itertools.pairwise(boundaries)]
+    clauses.append(f"{column} >= {boundaries[-1]}")
+    return clauses
+
+
+def key_predicates(column: str, keys: list[int], partitions: int) -> list[str]:
+    """Split sorted distinct integer `keys` into up to `partitions` contiguous groups of equal size."""
+    keys = sorted(set(keys))
+    parts = min(partitions, len(keys))
+    if parts <= 1:
+        return []
+    boundaries = [str(keys[len(keys) * i // parts]) for i in range(1, parts)]
+    return range_predicates(column, boundaries)
+
+
+def time_predicates(
+    column: str, lo_us: int | None, hi_us: int | None, rows: int, partitions: int
+) -> list[str]:
+    """Split the time range [lo, hi] (microseconds) into up to `partitions` equal ranges."""
+    if lo_us is None or hi_us is None or lo_us >= hi_us:
+        return []
+    parts = min(partitions, rows)
+    if parts <= 1:
+        return []
+    span = hi_us + 1 - lo_us
+    boundaries = [_ts(_from_micros(lo_us + span * i // parts)) for i in range(1, parts)]
+    return range_predicates(column, boundaries)
 
 
 class JdbcReader:
@@ -76,77 +120,126 @@ class JdbcReader:
         "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED; "
         "SET application_name TO 'fastpubsub-report'"
     )
+    # A partition query reads one slice of a table. Judged alone, a large slice
+    # can look cheaper to the planner as a whole-table scan, and N partitions
+    # would then read the table N times; so partition queries (and the bounds
+    # query) read through the index on their column: the primary key for
+    # deliveries, the BRIN indexes on messages.created_at and acked_at.
+    INDEXED_SESSION_INIT = SESSION_INIT + "; SET enable_seqscan TO off"
 
     def __init__(self, spark: SparkSession, target: helpers.JdbcTarget, fetchsize: int) -> None:
         self.spark = spark
         self.target = target
         self.fetchsize = fetchsize
 
-    def _options(self) -> dict[str, str]:
+    def _options(self, session_init: str = SESSION_INIT) -> dict[str, str]:
         return {
             "url": self.target.url,
             **self.target.properties(),
             "fetchsize": str(self.fetchsize),
             "isolationLevel": "READ_COMMITTED",
-            "sessionInitStatement": self.SESSION_INIT,
+            "sessionInitStatement": session_init,
             "pushDownPredicate": "true",
         }
 
-    def query(self, sql: str) -> DataFrame:
-        return self.spark.read.format("jdbc").options(**self._options(), query=sql).load()
+    def query(self, sql: str, *, indexed: bool = False) -> DataFrame:
+        init = self.INDEXED_SESSION_INIT if indexed else self.SESSION_INIT
+        return self.spark.read.format("jdbc").options(**self._options(init), query=sql).load()
 
-    def one(self, sql: str) -> dict[str, Any]:
-        row = self.query(sql).collect()[0]
+    def one(self, sql: str, *, indexed: bool = False) -> dict[str, Any]:
+        row = self.query(sql, indexed=indexed).collect()[0]
         return dict(row.asDict())
 
-    def table(
-        self,
-        sql: str,
-        *,
-        column: str | None = None,
-        bounds: dict[str, Any] | None = None,
-        timestamp: bool = False,
-        partitions: int = 1,
-    ) -> DataFrame:
-        """Read `sql` as a subquery; partitioned on `column` between bounds['lo'] and bounds['hi']."""
-        options = {**self._options(), "dbtable": f"({sql}) AS src"}
-        if column and bounds and partitions > 1:
-            lo, hi, rows = bounds["lo"], bounds["hi"], bounds["n"] or 0
-            if lo is not None and hi is not None and lo < hi and rows > 1:
-                options.update(
-                    partitionColumn=column,
-                    lowerBound=_spark_ts(lo) if timestamp else str(lo),
-                    upperBound=_spark_ts(hi + 1) if timestamp else str(hi + 1),
-                    numPartitions=str(min(partitions, rows)),
-                )
-        return self.spark.read.format("jdbc").options(**options).load()
+    def table(self, sql: str, predicates: list[str]) -> DataFrame:
+        """Read `sql` as a subquery: one partition per predicate (one partition without any)."""
+        table = f"({sql}) AS src"
+        if len(predicates) <= 1:
+            return self.spark.read.format("jdbc").options(**self._options(), dbtable=table).load()
+        options = self._options(self.INDEXED_SESSION_INIT)
+        url = options.pop("url")
+        return self.spark.read.jdbc(url, table, predicates=predicates, properties=options)
 
 
 # SQL sent to PostgreSQL; {window} and {since} are timestamptz literals made by _ts().
-MESSAGE_BOUNDS_SQL = (
-    "SELECT (extract(epoch FROM min(created_at)) * 1000000)::bigint AS lo, "
+# One statement: the database clock ("now" for the whole report), the
+# subscription keys that split deliveries, the time ranges that split messages
+# and acked deliveries (under the same window predicates as the reads), and
+# whether anything older than the window is still retained.
+PLAN_SQL = (
+    "SELECT (extract(epoch FROM statement_timestamp()) * 1000000)::bigint AS now_us, "
+    "(SELECT string_agg(key::text, ',' ORDER BY key) FROM fastpubsub.subscriptions) AS subscription_keys, "
+    "m.lo AS messages_lo, m.hi AS messages_hi, m.n AS messages_n, "
+    "a.lo AS acked_lo, a.hi AS acked_hi, a.n AS acked_n, "
+    "EXISTS (SELECT 1 FROM fastpubsub.messages WHERE created_at < {since}) AS messages_before, "
+    "EXISTS (SELECT 1 FROM fastpubsub.acked_deliveries WHERE acked_at < {since}) AS acked_before "
+    "FROM (SELECT (extract(epoch FROM min(created_at)) * 1000000)::bigint AS lo, "
     "(extract(epoch FROM max(created_at)) * 1000000)::bigint AS hi, count(*) AS n "
-    "FROM fastpubsub.messages WHERE {window}"
-)
-ACKED_BOUNDS_SQL = (
-    "SELECT (extract(epoch FROM min(acked_at)) * 1000000)::bigint AS lo, "
+    "FROM fastpubsub.messages WHERE {window}) AS m, "
+    "(SELECT (extract(epoch FROM min(acked_at)) * 1000000)::bigint AS lo, "
     "(extract(epoch FROM max(acked_at)) * 1000000)::bigint AS hi, count(*) AS n "
-    "FROM fastpubsub.acked_deliveries WHERE acked_at >= {since}"
-)
-DELIVERY_BOUNDS_SQL = (
-    "SELECT min(seq) AS lo, max(seq) AS hi, count(*) AS n, "
-    "(extract(epoch FROM statement_timestamp()) * 1000000)::bigint AS now_us "
-    "FROM fastpubsub.deliveries"
+    "FROM fastpubsub.acked_deliveries WHERE acked_at >= {since}) AS a"
 )
 MESSAGES_SQL = "SELECT created_at, id::text AS message_id, topic_key FROM fastpubsub.messages WHERE {window}"
 ACKED_SQL = (
     "SELECT acked_at, message_id::text AS message_id, subscription_key, attempts "
     "FROM fastpubsub.acked_deliveries WHERE acked_at >= {since}"
 )
+# No seq column: it changes whenever a delivery becomes available again, so it
+# cannot split the reads (a row could be read twice or missed); subscription_key
+# never changes and leads the primary key.
 DELIVERIES_SQL = (
-    "SELECT seq, message_id::text AS message_id, subscription_key, status::text AS status, "
+    "SELECT message_id::text AS message_id, subscription_key, status::text AS status, "
     "attempts, visible_at, lease_until FROM fastpubsub.deliveries"
 )
+# created_at of one message per subscription (the oldest of its backlog).
+MESSAGE_TIMES_SQL = (
+    "SELECT x.subscription_key, m.created_at "
+    "FROM (VALUES {values}) AS x(subscription_key, message_id) "
+    "JOIN fastpubsub.subscriptions AS s ON s.key = x.subscription_key "
+    "JOIN fastpubsub.messages AS m ON m.topic_key = s.topic_key AND m.id = x.message_id"
+)
+
+
+@dataclass
+class ReadPlan:
+    """How the large tables are split: one WHERE clause per partition (none: one partition)."""
+
+    messages: list[str]
+    acked: list[str]
+    deliveries: list[str]
+
+
+def plan_reads(plan_row: dict[str, Any], partitions: int) -> ReadPlan:
+    keys = [int(key) for key in (plan_row["subscription_keys"] or "").split(",") if key]
+    return ReadPlan(
+        messages=time_predicates(
+            "created_at",
+            plan_row["messages_lo"],
+            plan_row["messages_hi"],
+            int(plan_row["messages_n"] or 0),
+            partitions,
+        ),
+        acked=time_predicates(
+            "acked_at", plan_row["acked_lo"], plan_row["acked_hi"], int(plan_row["acked_n"] or 0), partitions
+        ),
+        deliveries=key_predicates("subscription_key", keys, partitions),
+    )
+
+
+def _retained_from(plan_row: dict[str, Any]) -> datetime | None:
+    """Where retained data starts, when the window reaches further back than that (else None).
+
+    Cleanup deletes acked deliveries after the retention window, then the
+    messages nothing needs any more: a table with no row before the window
+    start has probably lost its older rows, and its oldest row in the window
+    says from when on the report is complete.
+    """
+    starts = [
+        _from_micros(plan_row[f"{table}_lo"])
+        for table in ("messages", "acked")
+        if not plan_row[f"{table}_before"] and plan_row[f"{table}_lo"] is not None
+    ]
+    return max(starts) if starts else None
 
 
 def _read_all(reader: JdbcReader, since: datetime, until: datetime, partitions: int) -> dict[str, Any]:
@@ -154,51 +247,29 @@ def _read_all(reader: JdbcReader, since: datetime, until: datetime, partitions: 
         "window": f"created_at >= {_ts(since)} AND created_at < {_ts(until)}",
         "since": _ts(since),
     }
-    # min/max of the columns we partition on: one bounded aggregate per table.
-    message_bounds = reader.one(MESSAGE_BOUNDS_SQL.format(**literals))
-    acked_bounds = reader.one(ACKED_BOUNDS_SQL.format(**literals))
-    delivery_bounds = reader.one(DELIVERY_BOUNDS_SQL)
+    plan_row = reader.one(PLAN_SQL.format(**literals), indexed=True)
+    plan = plan_reads(plan_row, partitions)
     topics = reader.query("SELECT key AS topic_key, id AS topic FROM fastpubsub.topics")
     subscriptions = reader.query(
         "SELECT key AS subscription_key, id AS subscription, topic_key, max_delivery_attempts "
         "FROM fastpubsub.subscriptions"
     )
-    messages = reader.table(
-        MESSAGES_SQL.format(**literals),
-        column="created_at",
-        bounds=message_bounds,
-        timestamp=True,
-        partitions=partitions,
-    )
+    messages = reader.table(MESSAGES_SQL.format(**literals), plan.messages)
     # Acks of the window's messages can only happen after `since`; acks after
     # `until` still count towards those messages' outcome.
-    acked = reader.table(
-        ACKED_SQL.format(**literals),
-        column="acked_at",
-        bounds=acked_bounds,
-        timestamp=True,
-        partitions=partitions,
-    )
+    acked = reader.table(ACKED_SQL.format(**literals), plan.acked)
     # Deliveries are the current state (unacked rows only): read all of them.
-    deliveries = reader.table(
-        DELIVERIES_SQL,
-        column="seq",
-        bounds=delivery_bounds,
-        partitions=partitions,
-    )
-    as_of = datetime.fromtimestamp(delivery_bounds["now_us"] / 1_000_000, UTC)
+    deliveries = reader.table(DELIVERIES_SQL, plan.deliveries)
     return {
+        "reader": reader,
+        "plan": plan,
         "topics": topics,
         "subscriptions": subscriptions,
         "messages": messages,
         "acked": acked,
         "deliveries": deliveries,
-        "as_of": as_of,
-        "counts": {
-            "messages": int(message_bounds["n"] or 0),
-            "acked_deliveries": int(acked_bounds["n"] or 0),
-            "deliveries": int(delivery_bounds["n"] or 0),
-        },
+        "as_of": _from_micros(plan_row["now_us"]),
+        "retained_from": _retained_from(plan_row),
     }
 
 
@@ -228,6 +299,29 @@ def _hour(column: str) -> Any:
     return F.date_format(F.date_trunc("hour", F.col(column)), "yyyy-MM-dd'T'HH:mm:ss'Z'")
 
 
+# Delivery states and the report columns that count them.
+_STATES = (
+    ("backlog", "backlog"),
+    ("in_flight", "in_flight"),
+    ("scheduled", "scheduled"),
+    ("dlq", "dlq_total"),
+)
+
+
+def _message_times(reader: JdbcReader, state: DataFrame) -> DataFrame:
+    """created_at of each subscription's oldest backlog message: one small query by primary key."""
+    from pyspark.sql import functions as F
+
+    rows = state.where(F.col("oldest_backlog_id").isNotNull()).select("subscription_key", "oldest_backlog_id")
+    # Values come from the database, checked again here before they go into SQL text.
+    values = ", ".join(f"({int(row[0])}, '{UUID(row[1])}'::uuid)" for row in rows.collect())
+    if not values:
+        return reader.spark.createDataFrame([], "subscription_key INT, oldest_available_at TIMESTAMP")
+    return reader.query(MESSAGE_TIMES_SQL.format(values=values)).withColumnRenamed(
+        "created_at", "oldest_available_at"
+    )
+
+
 def build_reports(data: dict[str, Any], since: datetime, until: datetime) -> dict[str, DataFrame]:
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
@@ -238,45 +332,73 @@ def build_reports(data: dict[str, Any], since: datetime, until: datetime) -> dic
 
     topics = F.broadcast(data["topics"])
     subs = F.broadcast(data["subscriptions"].join(topics, "topic_key", "left"))
-    sub_keys = F.broadcast(data["subscriptions"].select("subscription_key", "topic_key"))
+    sub_keys = F.broadcast(
+        data["subscriptions"].select("subscription_key", "topic_key", "max_delivery_attempts")
+    )
     messages = data["messages"].persist(StorageLevel.MEMORY_AND_DISK)
-    acked = data["acked"].join(sub_keys, "subscription_key").persist(StorageLevel.MEMORY_AND_DISK)
-    deliveries = data["deliveries"].persist(StorageLevel.MEMORY_AND_DISK)
+    acked = (
+        data["acked"]
+        .join(sub_keys.select("subscription_key", "topic_key"), "subscription_key")
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
+    # Each pending delivery's state now, as fastpubsub.subscription_metrics sees it:
+    # a lease that ran out with no attempt left is a dead letter (consume moves it
+    # to the DLQ when it meets it), one with attempts left is backlog again, and
+    # a retry whose backoff has ended is backlog; only retries still waiting
+    # (and delayed messages) are `scheduled`.
+    status, lease_until = F.col("status"), F.col("lease_until")
+    exhausted = (
+        (status == "available")
+        & lease_until.isNotNull()
+        & (lease_until <= as_of_lit)
+        & (F.col("attempts") >= F.col("max_delivery_attempts"))
+    )
+    in_flight = (status == "available") & (lease_until > as_of_lit)
+    deliverable = (status == "available") & (
+        lease_until.isNull()
+        | ((lease_until <= as_of_lit) & (F.col("attempts") < F.col("max_delivery_attempts")))
+    )
+    due = (status == "scheduled") & (F.col("visible_at") <= as_of_lit)
+    deliveries = (
+        data["deliveries"]
+        .join(sub_keys, "subscription_key")
+        .withColumn(
+            "state",
+            F.when((status == "dlq") | exhausted, "dlq")
+            .when(in_flight, "in_flight")
+            .when(deliverable | due, "backlog")
+            .otherwise("scheduled"),
+        )
+        .select("subscription_key", "topic_key", "message_id", "attempts", "state")
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
+    data["cached"] = [messages, acked, deliveries]
 
     latency = (F.unix_micros("acked_at") - F.unix_micros("created_at")) / F.lit(1_000_000.0)
     # Deliveries of the messages published in the window: acked or still pending.
     acked_window = acked.join(messages, ["topic_key", "message_id"]).withColumn("latency_s", latency)
-    pending_window = deliveries.join(sub_keys, "subscription_key").join(
-        messages.select("topic_key", "message_id"), ["topic_key", "message_id"]
-    )
+    pending_window = deliveries.join(messages.select("topic_key", "message_id"), ["topic_key", "message_id"])
     outcomes = acked_window.select(
-        "subscription_key", "attempts", F.lit("acked").alias("status"), "latency_s"
+        "subscription_key", "attempts", F.lit("acked").alias("state"), "latency_s"
     ).unionByName(
         pending_window.select(
-            "subscription_key", "attempts", "status", F.lit(None).cast("double").alias("latency_s")
+            "subscription_key", "attempts", "state", F.lit(None).cast("double").alias("latency_s")
         )
     )
     per_sub = outcomes.groupBy("subscription_key").agg(
         F.count(F.lit(1)).alias("routed"),
         F.count(F.when(F.col("attempts") >= 1, 1)).alias("delivered"),
-        F.count(F.when(F.col("status") == "acked", 1)).alias("acked"),
+        F.count(F.when(F.col("state") == "acked", 1)).alias("acked"),
         F.count(F.when(F.col("attempts") > 1, 1)).alias("redelivered"),
-        F.count(F.when(F.col("status") == "dlq", 1)).alias("dead_lettered"),
+        F.count(F.when(F.col("state") == "dlq", 1)).alias("dead_lettered"),
         *_percentile_columns(F.col("latency_s"), "ack_latency"),
     )
-    in_flight = (
-        (F.col("status") == "available")
-        & F.col("lease_until").isNotNull()
-        & (F.col("lease_until") > as_of_lit)
-    )
-    waiting = (F.col("status") == "available") & ~in_flight
     state = deliveries.groupBy("subscription_key").agg(
-        F.count(F.when(waiting, 1)).alias("backlog"),
-        F.count(F.when(in_flight, 1)).alias("in_flight"),
-        F.count(F.when(F.col("status") == "scheduled", 1)).alias("scheduled"),
-        F.count(F.when(F.col("status") == "dlq", 1)).alias("dlq_total"),
-        F.min(F.when(waiting, F.col("visible_at"))).alias("oldest_available_at"),
+        *(F.count(F.when(F.col("state") == name, 1)).alias(column) for name, column in _STATES),
+        # Message ids are time-ordered (UUIDv7 layout), and so is their text form.
+        F.min(F.when(F.col("state") == "backlog", F.col("message_id"))).alias("oldest_backlog_id"),
     )
+    state = state.join(_message_times(data["reader"], state), "subscription_key", "left")
     counts = ["routed", "delivered", "acked", "redelivered", "dead_lettered"]
     state_counts = ["backlog", "in_flight", "scheduled", "dlq_total"]
 
@@ -294,7 +416,11 @@ def build_reports(data: dict[str, Any], since: datetime, until: datetime) -> dic
             "oldest_available_age_s",
             F.when(
                 F.col("oldest_available_at").isNotNull(),
-                F.round((F.unix_micros(as_of_lit) - F.unix_micros("oldest_available_at")) / 1e6, 3),
+                F.round(
+                    F.greatest(F.unix_micros(as_of_lit) - F.unix_micros("oldest_available_at"), F.lit(0))
+                    / 1e6,
+                    3,
+                ),
             ),
         )
     )
@@ -423,7 +549,12 @@ def _pct(value: Any) -> str:
 
 
 def _summary(
-    frames: dict[str, Any], result_files: list[str], since: datetime, until: datetime, as_of: datetime
+    frames: dict[str, Any],
+    result_files: list[str],
+    since: datetime,
+    until: datetime,
+    as_of: datetime,
+    retained_from: datetime | None = None,
 ) -> str:
     subs = frames["subscriptions"]
     hourly = frames["topics_hourly"]
@@ -433,6 +564,17 @@ def _summary(
         f"Window: {since:%Y-%m-%d %H:%M:%S} to {until:%Y-%m-%d %H:%M:%S} UTC "
         f"(state as of {as_of:%Y-%m-%d %H:%M:%S} UTC).",
         "",
+    ]
+    if retained_from is not None:
+        lines += [
+            f"Note: the window reaches further back than the retained data, which starts at "
+            f"{retained_from:%Y-%m-%d %H:%M:%S} UTC: `fastpubsub cleanup-acked-messages` deletes acked "
+            "deliveries, and then their messages, once they are older than "
+            "FASTPUBSUB_CLEANUP_ACKED_MESSAGES_OLDER_THAN_SECONDS (3600 s by default), so activity before "
+            "then is not counted.",
+            "",
+        ]
+    lines += [
         f"- Published: {int(hourly['published'].sum()) if len(hourly) else 0} messages; "
         f"acked: {int(hourly['acked'].sum()) if len(hourly) else 0} deliveries in the window",
         f"- Dead-lettered (window's messages): {int(subs['dead_lettered'].sum()) if len(subs) else 0}; "
@@ -486,8 +628,8 @@ def run_report(
     data = _read_all(reader, since, until, max(1, partitions))
     reports = build_reports(data, since, until)
     frames = {name: _to_pandas(df) for name, df in reports.items()}
-    for name in ("messages", "acked", "deliveries"):
-        data[name].unpersist()
+    for cached in data["cached"]:
+        cached.unpersist()
     computed = time.monotonic()
     files: dict[str, Path] = {}
     for name, frame in frames.items():
@@ -496,7 +638,7 @@ def run_report(
     _chart(frames["topics_hourly"], frames["latency_hourly"], chart, since, until)
     files["hourly.png"] = chart
     summary_path = out / "summary.md"
-    summary = _summary(frames, [*files, "summary.md"], since, until, data["as_of"])
+    summary = _summary(frames, [*files, "summary.md"], since, until, data["as_of"], data["retained_from"])
     summary_path.write_text(summary, encoding="utf-8")
     files["summary.md"] = summary_path
     return ReportResult(
@@ -504,6 +646,8 @@ def run_report(
         files=files,
         summary=summary,
         as_of=data["as_of"],
+        retained_from=data["retained_from"],
+        plan=data["plan"],
         since=since,
         until=until,
         rows={name: len(frame) for name, frame in frames.items()},
@@ -536,9 +680,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; returns the exit code. Errors are one line on stderr."""
     args = _parser().parse_args(argv)
     from fastpubsub.exceptions import FastPubSubError, InvalidInputError
 
+    under_submit = bool(os.environ.get("PYSPARK_GATEWAY_PORT"))
     try:
         since, until = helpers.parse_window(args.since, args.until)
         target = helpers.to_jdbc(args.url)
@@ -546,19 +692,30 @@ def main(argv: list[str] | None = None) -> int:
         target = helpers.JdbcTarget(target.url, args.user or target.user, password)
         if args.partitions < 1 or args.fetchsize < 1:
             raise InvalidInputError("--partitions and --fetchsize must be at least 1")
-        if os.environ.get("PYSPARK_GATEWAY_PORT"):
-            # Under spark-submit: the JVM already runs with its --jars/--packages.
-            from pyspark.sql import SparkSession
+        # Under spark-submit the JVM already runs with its --jars/--packages.
+        driver = (
+            None
+            if under_submit
+            else helpers.find_jdbc_driver(helpers.get_configured_jar(), allow_download=args.download_jdbc)
+        )
+    except FastPubSubError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2 if isinstance(exc, InvalidInputError) else 6
+    try:
+        from pyspark.sql import SparkSession
 
+        # A session that was running before (an interactive one, tests) is left running.
+        existing = SparkSession.getActiveSession()
+        if under_submit:
             spark = SparkSession.builder.appName("fastpubsub-report").getOrCreate()
             spark.sparkContext.setLogLevel("ERROR")
             spark.conf.set("spark.sql.session.timeZone", "UTC")
         else:
-            driver = helpers.find_jdbc_driver(helpers.get_configured_jar(), allow_download=args.download_jdbc)
             spark = helpers.start_spark(args.master, driver)
-    except FastPubSubError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
-        return 2 if isinstance(exc, InvalidInputError) else 6
+    except Exception as exc:
+        message, _ = helpers.spark_error_message(exc)
+        print(f"error: could not start Spark: {message}", file=sys.stderr)
+        return 1
     print(
         f"reading {target.masked_url} from {since:%Y-%m-%d %H:%M} to {until:%Y-%m-%d %H:%M} UTC",
         file=sys.stderr,
@@ -578,7 +735,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {message}", file=sys.stderr)
         return 5 if unreachable else 1
     finally:
-        spark.stop()
+        if existing is None:
+            spark.stop()
     print(result.summary)
     return 0
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
+from sqlalchemy.engine import make_url
 from typer.testing import CliRunner, Result
 
 from fastpubsub import auth
@@ -15,23 +17,35 @@ from fastpubsub.cli import app
 from fastpubsub.database import libpq_url
 from fastpubsub.embedded import free_port
 from fastpubsub.settings import get_settings
+from tests.conftest import PostgresServer
 
 Invoke = Callable[..., Result]
 
 
-@pytest.fixture
-def invoke(database_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Invoke]:
-    """Run `fastpubsub ...` in-process with FASTPUBSUB_DATABASE_URL pointing at this test's database."""
+def make_invoke(monkeypatch: pytest.MonkeyPatch, default_url: str) -> Invoke:
     runner = CliRunner()
 
     def _invoke(*args: str, **env: str) -> Result:
-        monkeypatch.setenv("FASTPUBSUB_DATABASE_URL", env.pop("database_url", database_url))
+        monkeypatch.setenv("FASTPUBSUB_DATABASE_URL", env.pop("database_url", default_url))
         for key, value in env.items():
             monkeypatch.setenv(f"FASTPUBSUB_{key.upper()}", value)
         get_settings.cache_clear()
         return runner.invoke(app, list(args))
 
-    yield _invoke
+    return _invoke
+
+
+@pytest.fixture
+def invoke(database_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Invoke]:
+    """Run `fastpubsub ...` in-process with FASTPUBSUB_DATABASE_URL pointing at this test's database."""
+    yield make_invoke(monkeypatch, database_url)
+    get_settings.cache_clear()
+
+
+@pytest.fixture
+def invoke_offline(monkeypatch: pytest.MonkeyPatch) -> Iterator[Invoke]:
+    """The same for commands that fail before reaching a database (no database is made)."""
+    yield make_invoke(monkeypatch, f"postgresql://postgres@127.0.0.1:{free_port()}/none")
     get_settings.cache_clear()
 
 
@@ -144,16 +158,45 @@ def test_cleanups_report_what_they_touched(invoke: Invoke, database_url: str) ->
         ids = [row[0] for row in conn.execute("SELECT id FROM fastpubsub.consume_v2('s', 'w', 3)")]
         conn.execute("SELECT fastpubsub.ack('s', %s::uuid[])", (ids[:2],))
         conn.execute("UPDATE fastpubsub.acked_deliveries SET acked_at = now() - interval '2 hours'")
+        # A topic nobody subscribes to: its message is unrouted; its idempotency key is old.
+        conn.execute("SELECT fastpubsub.create_topic('k')")
+        conn.execute(
+            """SELECT fastpubsub.publish_v2('k', '[{"payload": {}, "idempotency_key": "once"}]', true)"""
+        )
+        conn.execute("UPDATE fastpubsub.idempotency_keys SET created_at = now() - interval '2 hours'")
     acked = invoke("cleanup-acked-messages", "--batch-size", "1")
     assert acked.exit_code == 0, acked.output
-    assert acked.output == "deleted 2 acked deliveries and 2 messages\n"
+    assert acked.output == "deleted 2 acked deliveries, 2 messages and 1 idempotency keys\n"
     assert (
         invoke("cleanup_acked_messages", "--older-than", "0").output
-        == "deleted 0 acked deliveries and 0 messages\n"
+        == "deleted 0 acked deliveries, 1 messages and 0 idempotency keys\n"
     )
-    stuck = invoke("cleanup-stuck-messages", "--lock-timeout", "3600")
-    assert stuck.output == "released 0 stuck leases\n"
-    assert invoke("cleanup_stuck_messages").exit_code == 0
+
+
+def test_cleanup_stuck_says_what_it_did(invoke: Invoke, database_url: str) -> None:
+    with psycopg.connect(libpq_url(database_url), autocommit=True) as conn:
+        conn.execute("SELECT fastpubsub.create_topic('t')")
+        conn.execute("SELECT fastpubsub.create_subscription('retry', 't', NULL, 5, 1, 10, 30)")
+        conn.execute("SELECT fastpubsub.create_subscription('once', 't', NULL, 1, 1, 10, 30)")
+        conn.execute("""SELECT fastpubsub.publish_v2('t', '[{"n": 1}]', false)""")
+        conn.execute("SELECT fastpubsub.consume_v2('retry', 'w', 1)")
+        conn.execute("SELECT fastpubsub.consume_v2('once', 'w', 1)")
+    none = invoke("cleanup-stuck-messages", "--lock-timeout", "3600")
+    assert none.exit_code == 0, none.output
+    assert none.output.startswith("ended 0 stuck leases")
+    both = invoke("cleanup_stuck_messages", "--lock-timeout", "0")
+    assert both.exit_code == 0, both.output
+    assert both.output == (
+        "ended 2 stuck leases (each message is deliverable again, "
+        "or in the dead-letter queue if it had no delivery attempt left)\n"
+    )
+    with psycopg.connect(libpq_url(database_url)) as conn:
+        states = conn.execute(
+            """SELECT s.id, d.status::text, d.lease_until IS NULL FROM fastpubsub.deliveries d
+               JOIN fastpubsub.subscriptions s ON s.key = d.subscription_key ORDER BY s.id"""
+        ).fetchall()
+    # 'once' allows one attempt: its message is dead-lettered; 'retry' may deliver it again.
+    assert states == [("once", "dlq", True), ("retry", "available", True)]
 
 
 def test_cleanup_defaults_come_from_settings(invoke: Invoke) -> None:
@@ -188,6 +231,123 @@ def test_verbose_shows_the_traceback(invoke: Invoke) -> None:
     assert "Traceback" in result.stderr
 
 
+@pytest.fixture
+def unmigrated_url(pg_server: PostgresServer) -> Iterator[str]:
+    """An empty database on the test server: no fastpubsub schema."""
+    name = f"fastpubsub_empty_{uuid.uuid4().hex[:12]}"
+    url = pg_server.create_database(name)
+    yield url
+    pg_server.drop_database(name)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("list-clients",),
+        ("cleanup-acked-messages",),
+        ("cleanup-stuck-messages",),
+        ("create-client", "x", "*", "true"),
+        ("update-client", "00000000-0000-0000-0000-000000000000", "--name", "x"),
+        ("rotate-client-secret", "00000000-0000-0000-0000-000000000000"),
+    ],
+)
+def test_an_unmigrated_database_says_to_migrate(
+    invoke: Invoke, unmigrated_url: str, args: tuple[str, ...]
+) -> None:
+    result = invoke(*args, database_url=unmigrated_url)
+    assert result.exit_code == 6, result.output
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("error: the database is not migrated")
+    assert "run `fastpubsub db-migrate`" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_an_unmigrated_database_with_verbose_shows_the_traceback(invoke: Invoke, unmigrated_url: str) -> None:
+    result = invoke("--verbose", "list-clients", database_url=unmigrated_url)
+    assert result.exit_code == 6
+    assert "Traceback" in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: the database is not migrated")
+
+
+@pytest.mark.parametrize(
+    "url", ["garbage", "garbage:TopSecret99@somewhere", "mysql://u:TopSecret99@h/db", "postgresql://h:port/x"]
+)
+@pytest.mark.parametrize("command", ["list-clients", "cleanup-acked-messages", "db-migrate", "server"])
+def test_a_malformed_database_url_is_one_line(invoke_offline: Invoke, url: str, command: str) -> None:
+    result = invoke_offline(command, database_url=url)
+    assert result.exit_code == 6, result.output
+    assert result.stderr == (
+        "error: FASTPUBSUB_DATABASE_URL is not a PostgreSQL URL "
+        "(expected postgresql://USER:PASSWORD@HOST:5432/DATABASE)\n"
+    )
+    assert "TopSecret99" not in result.output
+
+
+@pytest.mark.parametrize("command", [("list-clients",), ("db-migrate",), ("cleanup-stuck-messages",)])
+def test_a_missing_database_or_role_gives_the_server_reason(
+    invoke: Invoke, pg_server: PostgresServer, command: tuple[str, ...]
+) -> None:
+    base = make_url(pg_server.admin_url)
+    missing_database = base.set(database="nosuchdb").render_as_string(hide_password=False)
+    unknown_role = base.set(username="nosuchrole", password="TopSecret99").render_as_string(
+        hide_password=False
+    )
+    for url, reason in (
+        (missing_database, 'database "nosuchdb" does not exist'),
+        (unknown_role, 'role "nosuchrole" does not exist'),
+    ):
+        result = invoke(*command, database_url=url)
+        assert result.exit_code == 6, result.output
+        assert result.stderr.count("\n") == 1, result.stderr
+        assert reason in result.stderr
+        assert "retry" not in result.stderr  # waiting will not help
+        assert "check FASTPUBSUB_DATABASE_URL" in result.stderr
+        assert "TopSecret99" not in result.output
+
+
+def test_an_unreachable_database_gives_the_reason_and_says_retry(invoke_offline: Invoke) -> None:
+    port = free_port()
+    result = invoke_offline("list-clients", database_url=f"postgresql://u:TopSecret99@127.0.0.1:{port}/db")
+    assert result.exit_code == 5
+    assert result.stderr.startswith("error: the database is unavailable (")
+    assert f"port {port} failed" in result.stderr
+    assert result.stderr.endswith("; retry shortly\n")
+    assert "TopSecret99" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("frobnicate",), "No such command 'frobnicate'; see '"),
+        (("cleanup-acked-messages", "--older-than", "soon"), "Invalid value for '--older-than'"),
+        (("cleanup-acked-messages", "--batch-size", "0"), "Invalid value for '--batch-size'"),
+        (("list-clients", "--bogus"), "No such option: --bogus"),
+        (("--bogus",), "No such option: --bogus"),
+        (("create-client",), "Missing argument"),
+        (("bench", "frobnicate"), "No such command 'frobnicate'"),
+    ],
+)
+def test_usage_errors_are_one_line_and_exit_2(
+    invoke_offline: Invoke, args: tuple[str, ...], message: str
+) -> None:
+    result = invoke_offline(*args)
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("error: ")
+    assert message in result.stderr
+    assert "--help'" in result.stderr
+    assert "─" not in result.stderr  # no box drawing
+    assert "Traceback" not in result.stderr
+
+
+def test_help_still_works(invoke_offline: Invoke) -> None:
+    for args in (("--help",), ("-h",), ("list-clients", "--help"), ("bench", "--help")):
+        result = invoke_offline(*args)
+        assert result.exit_code == 0, result.output
+        assert "Usage" in result.stdout
+
+
 def test_commands_need_a_database_url(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FASTPUBSUB_DATABASE_URL", raising=False)
     get_settings.cache_clear()
@@ -195,6 +355,18 @@ def test_commands_need_a_database_url(monkeypatch: pytest.MonkeyPatch) -> None:
     get_settings.cache_clear()
     assert result.exit_code == 6
     assert result.stderr == "error: FASTPUBSUB_DATABASE_URL is not set\n"
+
+
+@pytest.mark.parametrize(("option", "args"), [("--reset", ("--reset",)), ("--data-dir", ("--data-dir", "x"))])
+def test_dev_refuses_embedded_options_with_a_database_url(
+    invoke_offline: Invoke, tmp_path: Path, option: str, args: tuple[str, ...]
+) -> None:
+    result = invoke_offline("dev", *args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith(f"error: {option} is for the embedded database")
+    assert "FASTPUBSUB_DATABASE_URL is set" in result.stderr
+    assert not (tmp_path / "x").exists()
 
 
 def test_server_refuses_auth_without_a_key(invoke: Invoke) -> None:

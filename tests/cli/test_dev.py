@@ -89,3 +89,21 @@ def test_dev_reset_starts_from_an_empty_database(tmp_path: Path) -> None:
     finally:
         stop_dev(process)
     assert "Deleting the embedded database" in (tmp_path / "b.log").read_text()
+
+
+def test_dev_leaves_a_server_it_did_not_start_running(tmp_path: Path) -> None:
+    data_dir = tmp_path / "shared-data"
+    theirs = EmbeddedPostgres(data_dir)
+    running = theirs.start()  # started by someone else, before dev
+    try:
+        port = free_port()
+        process, _ = start_dev(data_dir, port, tmp_path / "dev.log")
+        stop_dev(process)
+        output = (tmp_path / "dev.log").read_text()
+        assert (
+            f"Using the PostgreSQL already running in {data_dir.resolve()} on port {running.port}" in output
+        )
+        assert "the embedded database stops too" not in output
+        assert EmbeddedPostgres(data_dir).running() == running  # still up after dev stopped
+    finally:
+        theirs.stop()

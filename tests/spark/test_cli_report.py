@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy.engine import make_url
 from typer.testing import CliRunner, Result
 
 from fastpubsub import report as helpers
 from fastpubsub.cli import app
 from fastpubsub.embedded import free_port
 from fastpubsub.settings import get_settings
+from tests.conftest import PostgresServer
 from tests.spark.conftest import requires_java
 from tests.spark.seed import EXPECTED, seed
 
@@ -84,6 +87,32 @@ def test_database_unreachable(invoke: Any, monkeypatch: pytest.MonkeyPatch) -> N
     assert result.exit_code == 5
     assert "database unreachable" in one_line_error(result)
     assert "TopSecret99" not in result.output + result.stderr
+
+
+def test_a_missing_database_or_unmigrated_one_is_a_configuration_error(
+    invoke: Any, monkeypatch: pytest.MonkeyPatch, pg_server: PostgresServer
+) -> None:
+    monkeypatch.setattr(helpers, "find_java", lambda: Path("/usr/bin/java"))
+    monkeypatch.setattr(
+        helpers, "find_jdbc_driver", lambda *a, **k: helpers.JdbcDriver("test", jar=Path("x.jar"))
+    )
+    base = make_url(pg_server.admin_url)
+    missing = base.set(database="nosuchdb", password="TopSecret99").render_as_string(hide_password=False)
+    result = invoke("--database-url", missing)
+    assert result.exit_code == 6
+    line = one_line_error(result)
+    assert 'database "nosuchdb" does not exist' in line
+    assert "retry" not in line
+    assert "TopSecret99" not in result.output + result.stderr
+
+    name = f"fastpubsub_empty_{uuid.uuid4().hex[:12]}"
+    empty = pg_server.create_database(name)
+    try:
+        result = invoke("--database-url", empty)
+    finally:
+        pg_server.drop_database(name)
+    assert result.exit_code == 6
+    assert "run `fastpubsub db-migrate`" in one_line_error(result)
 
 
 def test_no_database_url(invoke: Any) -> None:

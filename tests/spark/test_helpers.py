@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from fastpubsub import report as helpers
+from fastpubsub.embedded import free_port
 from fastpubsub.exceptions import ConfigurationError, InvalidInputError
 
 NOW = datetime(2026, 1, 15, 12, 0, tzinfo=UTC)
@@ -219,3 +223,65 @@ def test_spark_conf_for_local_and_cluster(tmp_path: Path) -> None:
 def test_job_is_found() -> None:
     assert helpers.job_path().name == "report.py"
     assert os.access(helpers.job_path(), os.R_OK)
+
+
+def test_a_spark_submit_start_failure_is_one_line(tmp_path: Path) -> None:
+    """Under spark-submit (PYSPARK_GATEWAY_PORT set) a JVM that cannot be reached is one line."""
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "FASTPUBSUB_"))},
+        "PYSPARK_GATEWAY_PORT": str(free_port()),
+        "PYSPARK_GATEWAY_SECRET": "not-a-gateway",
+    }
+    url = "postgresql://u:TopSecret99@127.0.0.1:1/db"
+    process = subprocess.run(
+        [sys.executable, str(helpers.job_path()), "--url", url, "--out", str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert process.returncode == 1
+    assert process.stderr.startswith("error: could not start Spark: ")
+    assert process.stderr.count("\n") == 1, process.stderr
+    assert "Traceback" not in process.stderr
+    assert "TopSecret99" not in process.stdout + process.stderr
+
+
+def test_key_predicates_share_subscriptions_out_in_ranges() -> None:
+    job = helpers.load_job()
+    assert job.key_predicates("k", [5, 1, 4, 2, 3, 3], 3) == ["k < 2", "k >= 2 AND k < 4", "k >= 4"]
+    assert job.key_predicates("k", [1, 2], 8) == ["k < 2", "k >= 2"]  # never more than the keys
+    assert job.key_predicates("k", [7], 4) == []  # one partition: no predicate at all
+    assert job.key_predicates("k", [], 4) == []
+    assert job.key_predicates("k", [1, 2, 3], 1) == []
+
+
+def test_every_value_falls_in_exactly_one_range() -> None:
+    job = helpers.load_job()
+    clauses = job.key_predicates("k", list(range(10, 30)), 4)
+    assert len(clauses) == 4
+    ranges = []
+    for clause in clauses:
+        lower = re.search(r"k >= (\d+)", clause)
+        upper = re.search(r"k < (\d+)", clause)
+        ranges.append((int(lower.group(1)) if lower else None, int(upper.group(1)) if upper else None))
+    assert ranges[0][0] is None  # open below
+    assert ranges[-1][1] is None  # open above
+    for k in range(40):  # below, inside and above the keys it was planned with
+        inside = [r for r in ranges if (r[0] is None or k >= r[0]) and (r[1] is None or k < r[1])]
+        assert len(inside) == 1, (k, inside)
+
+
+def test_time_predicates_split_the_window_evenly() -> None:
+    job = helpers.load_job()
+    lo = int(datetime(2026, 1, 1, tzinfo=UTC).timestamp() * 1_000_000)
+    hi = lo + 3 * 3_600_000_000 - 1
+    one, two = "TIMESTAMPTZ '2026-01-01 01:00:00.000000+00'", "TIMESTAMPTZ '2026-01-01 02:00:00.000000+00'"
+    assert job.time_predicates("t", lo, hi, 1000, 3) == [
+        f"t < {one}",
+        f"t >= {one} AND t < {two}",
+        f"t >= {two}",
+    ]
+    assert len(job.time_predicates("t", lo, hi, 2, 3)) == 2  # no more partitions than rows
+    assert job.time_predicates("t", lo, lo, 5, 3) == []  # one instant: one partition
+    assert job.time_predicates("t", None, None, 0, 3) == []

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import http.server
+import json
+import os
 import re
 import shlex
+import subprocess
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +19,7 @@ from typer.main import get_command
 
 from fastpubsub.api.app import create_app
 from fastpubsub.cli import app as cli_app
+from fastpubsub.embedded import free_port
 from fastpubsub.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,6 +84,16 @@ def test_kubernetes_containers_run_real_commands_and_probe_real_endpoints() -> N
     assert service["metadata"]["annotations"]["prometheus.io/path"] in paths
 
 
+def test_kubernetes_uses_the_local_image_without_pulling_it() -> None:
+    for path in MANIFESTS:
+        for document in yaml.safe_load_all(path.read_text()):
+            for container in containers(document):
+                assert container["image"].split(":")[0] == "fastpubsub", path.name
+                # `fastpubsub:latest` is not on any registry: never make the kubelet pull it.
+                assert container["imagePullPolicy"] == "IfNotPresent", (path.name, container["name"])
+    assert "docker push" in (ROOT / "deploy/kubernetes/kustomization.yaml").read_text()
+
+
 def test_compose_services_run_real_commands() -> None:
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = compose["services"]
@@ -113,6 +130,48 @@ def test_dockerfile_is_multi_stage_non_root_and_checks_liveness() -> None:
     healthcheck = dict(instructions)["HEALTHCHECK"]
     assert "/liveness" in healthcheck
     assert "/liveness" in api_paths()
+    assert "FASTPUBSUB_API_PORT" in healthcheck
+
+
+class _Liveness(http.server.BaseHTTPRequestHandler):
+    status = 200
+
+    def do_GET(self) -> None:
+        self.send_response(self.status if self.path == "/liveness" else 404)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def run_healthcheck(port: int) -> subprocess.CompletedProcess[str]:
+    """Run the image's HEALTHCHECK command (its Python) with FASTPUBSUB_API_PORT set."""
+    healthcheck = dict(dockerfile_instructions())["HEALTHCHECK"]
+    command = json.loads(healthcheck[healthcheck.index("CMD") + 3 :])
+    assert command[:2] == ["python", "-c"]
+    env = {**os.environ, "FASTPUBSUB_API_PORT": str(port)}
+    return subprocess.run([sys.executable, *command[1:]], env=env, capture_output=True, text=True, timeout=30)
+
+
+@pytest.mark.parametrize(("status", "healthy"), [(200, True), (503, False)])
+def test_the_healthcheck_follows_fastpubsub_api_port(status: int, healthy: bool) -> None:
+    handler = type("Handler", (_Liveness,), {"status": status})
+    server = http.server.HTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        result = run_healthcheck(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert (result.returncode == 0) is healthy, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_the_healthcheck_fails_when_nothing_listens() -> None:
+    result = run_healthcheck(free_port())
+    assert result.returncode != 0
+    assert result.stderr.startswith("unhealthy: ")
 
 
 @pytest.mark.parametrize(
@@ -122,3 +181,37 @@ def test_documented_container_commands_exist(command: str) -> None:
     assert command in cli_commands()
     readme = (ROOT / "README.md").read_text()
     assert f"fastpubsub {command}" in readme or shlex.quote(command) in readme
+
+
+def every_cli_command() -> list[str]:
+    """Every command as typed after `fastpubsub`, hidden spellings and sub-commands included."""
+    names = []
+    for name, command in get_command(cli_app).commands.items():  # type: ignore[attr-defined]
+        names.append(name)
+        names += [f"{name} {sub}" for sub in getattr(command, "commands", {})]
+    return names
+
+
+def test_readme_names_every_cli_command() -> None:
+    readme = (ROOT / "README.md").read_text()
+    names = every_cli_command()
+    for expected in ("report", "bench", "bench all", "bench sql", "cleanup_acked_messages", "db_migrate"):
+        assert expected in names
+    missing = [name for name in names if not re.search(rf"fastpubsub {re.escape(name)}(?![\w-])", readme)]
+    assert missing == []
+
+
+def test_readme_names_every_api_route() -> None:
+    app = create_app(Settings(_env_file=None, database_url="postgresql://unused@127.0.0.1:1/x"))
+    routes = set(app.openapi()["paths"]) | {
+        path for route in app.routes if (path := getattr(route, "path", None))
+    }
+    assert {"/oauth/token", "/subscriptions/{subscription_id}/stream", "/docs", "/redoc"} <= routes
+    readme = (ROOT / "README.md").read_text()
+    # The README writes every path parameter as {id}.
+    missing = [
+        route
+        for route in sorted(routes)
+        if not re.search(re.escape(re.sub(r"\{\w+\}", "{id}", route)) + r"(?![\w/{-])", readme)
+    ]
+    assert missing == []

@@ -102,6 +102,43 @@ def test_signing_keys_must_be_long_enough(algorithm: str, key: str, ok: bool) ->
             settings.require_auth_secret()
 
 
+@pytest.mark.parametrize(
+    "key",
+    [
+        "CHANGE-ME-use-fastpubsub-generate-secret-key",
+        "changeme-" + "k" * 40,
+        "k" * 40 + "ChangeMe",
+        "this-is-an-EXAMPLE-signing-key-0123456789abcdef",
+        "placeholder-" + "0" * 40,
+    ],
+)
+def test_placeholder_signing_keys_are_refused(key: str) -> None:
+    assert len(key) >= 32  # long enough: refused for what it says, not for its length
+    settings = Settings(_env_file=None, auth_enabled=True, auth_secret_key=key)
+    with pytest.raises(ConfigurationError, match=r"example value.*generate-secret-key"):
+        settings.require_auth_secret()
+
+
+def test_the_kubernetes_example_secret_is_refused() -> None:
+    import yaml
+
+    documents = yaml.safe_load_all((ROOT / "deploy/kubernetes/secret.yaml").read_text())
+    (secret,) = [doc for doc in documents if doc["kind"] == "Secret"]
+    key = secret["stringData"]["FASTPUBSUB_AUTH_SECRET_KEY"]
+    settings = Settings(_env_file=None, auth_enabled=True, auth_secret_key=key)
+    with pytest.raises(ConfigurationError, match="example value"):
+        settings.require_auth_secret()
+
+
+def test_generated_keys_are_accepted() -> None:
+    from fastpubsub.auth import generate_signing_key
+
+    for algorithm in ("HS256", "HS384", "HS512"):
+        key = generate_signing_key()
+        settings = Settings(_env_file=None, auth_algorithm=algorithm, auth_secret_key=key)
+        assert settings.require_auth_secret() == key
+
+
 def test_cors_origins_are_split() -> None:
     assert Settings(_env_file=None, api_cors_origins="http://a, http://b,").cors_origins == [
         "http://a",
