@@ -460,15 +460,13 @@ def cleanup_stuck_messages(
         typer.Option(min=0, help="Seconds [FASTPUBSUB_CLEANUP_STUCK_MESSAGES_LOCK_TIMEOUT_SECONDS]"),
     ] = None,
 ) -> None:
-    """End leases held longer than the lock timeout: redelivered, or dead-lettered with no attempt left."""
+    """End leases that ran out and were taken longer ago than the lock timeout (never a live one)."""
     settings = _settings()
     seconds = settings.cleanup_stuck_messages_lock_timeout_seconds if lock_timeout is None else lock_timeout
     ended = run(lambda: _with_database(settings, lambda db: db.cleanup_stuck(seconds)))
-    # cleanup_stuck returns one total: released leases plus leases whose
-    # message had no delivery attempt left and went to the dead-letter queue.
     typer.echo(
-        f"ended {ended} stuck leases (each message is deliverable again, "
-        "or in the dead-letter queue if it had no delivery attempt left)"
+        f"ended {ended.released + ended.dead_lettered} stuck leases: {ended.released} released "
+        f"(deliverable again), {ended.dead_lettered} dead-lettered (no delivery attempt left)"
     )
 
 

@@ -45,6 +45,7 @@ from fastpubsub.models import (
     Message,
     NackResult,
     SeekResult,
+    StuckCleanupResult,
     Subscription,
     SubscriptionBacklog,
     SubscriptionMetrics,
@@ -565,9 +566,10 @@ class Database:
         row = await self._one("next_due", subscription_id=subscription_id)
         return None if row.seconds is None else float(row.seconds)
 
-    async def cleanup_stuck(self, lock_timeout_seconds: int) -> int:
+    async def cleanup_stuck(self, lock_timeout_seconds: int) -> StuckCleanupResult:
+        """End leases that ran out and were taken longer ago than the timeout (never a live one)."""
         row = await self._one("cleanup_stuck", lock_timeout_seconds=lock_timeout_seconds)
-        return int(row.released)
+        return StuckCleanupResult(int(row.released), int(row.dead_lettered))
 
     # -- clients -------------------------------------------------------------
     async def create_client(

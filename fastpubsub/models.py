@@ -53,6 +53,12 @@ class CleanupResult:
 
 
 @dataclass(frozen=True, slots=True)
+class StuckCleanupResult:
+    released: int
+    dead_lettered: int
+
+
+@dataclass(frozen=True, slots=True)
 class SeekResult:
     replayed: int
     acked: int

@@ -110,7 +110,7 @@ SELECT acked_deleted, messages_deleted FROM fastpubsub.cleanup_acked(:older_than
 SELECT fastpubsub.cleanup_idempotency_keys(:older_than_seconds, :batch_size) AS deleted
 
 -- cleanup_stuck --
-SELECT fastpubsub.cleanup_stuck(:lock_timeout_seconds) AS released
+SELECT released, dead_lettered FROM fastpubsub.cleanup_stuck_v2(:lock_timeout_seconds)
 
 -- subscription_metrics --
 SELECT available, delivered, delayed, acked, dlq, oldest_available_age_seconds

@@ -1,5 +1,7 @@
 -- Back to the definitions revision 0004 replaced (from revisions 0001-0003).
 
+DROP FUNCTION fastpubsub.cleanup_stuck_v2(integer);
+
 -- _held, as in 0003_hot_helpers.up.sql
 CREATE OR REPLACE FUNCTION fastpubsub._held(p_subscription_key integer, p_ids uuid[])
 RETURNS tid[]

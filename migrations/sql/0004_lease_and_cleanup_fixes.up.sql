@@ -13,7 +13,8 @@
 --   cuts a live lease short.
 -- * $match runs in time proportional to words x pattern, not exponential.
 -- * The first revision's publish goes through publish_v2.
--- Signatures are unchanged, so running servers keep working.
+-- Signatures are unchanged, so running servers keep working; cleanup_stuck_v2
+-- also says how many leases it released and how many it dead-lettered.
 
 -- ---------------------------------------------------------------------------
 -- Leases: only current ones count
@@ -526,19 +527,18 @@ BEGIN
 END
 $$;
 
--- Settle leases that were taken more than p_lock_timeout_seconds ago and have
--- run out: the message is deliverable again, or dead-lettered when no attempt
--- is left (what the next consume would do on meeting it). A lease still within
--- its deadline, extended or not, is never cut short: the consumer holding it
--- is still entitled to ack. A lease taken at leased_at belongs to a message
--- published before it, so only that older part of each backlog is read.
-CREATE OR REPLACE FUNCTION fastpubsub.cleanup_stuck(p_lock_timeout_seconds integer)
-RETURNS integer
+-- End leases that were taken more than p_lock_timeout_seconds ago and have run
+-- out: the message is deliverable again (released), or dead-lettered when no
+-- attempt is left -- what the next consume would do on meeting it. A lease
+-- still within its deadline, extended or not, is never cut short: the consumer
+-- holding it is still entitled to ack. A lease taken at leased_at belongs to a
+-- message published before it, so only that older part of each backlog is read.
+CREATE FUNCTION fastpubsub.cleanup_stuck_v2(
+    p_lock_timeout_seconds integer, OUT released integer, OUT dead_lettered integer)
 LANGUAGE plpgsql
 AS $$
 DECLARE
     v_cutoff timestamptz;
-    n integer;
 BEGIN
     IF p_lock_timeout_seconds IS NULL OR p_lock_timeout_seconds < 0 THEN
         RAISE EXCEPTION 'lock timeout must be >= 0 seconds' USING ERRCODE = 'FP422';
@@ -555,7 +555,7 @@ BEGIN
               AND x.lease_until <= now() AND x.leased_at < v_cutoff
             FOR UPDATE SKIP LOCKED
         ) AS d
-    ), released AS (
+    ), freed AS (
         UPDATE fastpubsub.deliveries AS d
         SET lease_until = NULL, leased_at = NULL, consumer_id = NULL
         WHERE d.ctid = ANY (ARRAY(SELECT row_id FROM stuck WHERE NOT exhausted))
@@ -566,9 +566,16 @@ BEGIN
         WHERE d.ctid = ANY (ARRAY(SELECT row_id FROM stuck WHERE exhausted))
         RETURNING 1
     )
-    SELECT (SELECT count(*) FROM released) + (SELECT count(*) FROM dead) INTO n;
-    RETURN n;
+    SELECT (SELECT count(*) FROM freed), (SELECT count(*) FROM dead) INTO released, dead_lettered;
 END
+$$;
+
+-- The first revision's cleanup_stuck: the same work, one total.
+CREATE OR REPLACE FUNCTION fastpubsub.cleanup_stuck(p_lock_timeout_seconds integer)
+RETURNS integer
+LANGUAGE sql
+AS $$
+    SELECT c.released + c.dead_lettered FROM fastpubsub.cleanup_stuck_v2(p_lock_timeout_seconds) AS c
 $$;
 
 -- ---------------------------------------------------------------------------

@@ -158,7 +158,8 @@ def test_cleanups_report_what_they_touched(invoke: Invoke, database_url: str) ->
         ids = [row[0] for row in conn.execute("SELECT id FROM fastpubsub.consume_v2('s', 'w', 3)")]
         conn.execute("SELECT fastpubsub.ack('s', %s::uuid[])", (ids[:2],))
         conn.execute("UPDATE fastpubsub.acked_deliveries SET acked_at = now() - interval '2 hours'")
-        # A topic nobody subscribes to: its message is unrouted; its idempotency key is old.
+        # A topic nobody subscribes to: its message is unrouted and recent; its idempotency
+        # key is old, but stays as long as its message does.
         conn.execute("SELECT fastpubsub.create_topic('k')")
         conn.execute(
             """SELECT fastpubsub.publish_v2('k', '[{"payload": {}, "idempotency_key": "once"}]', true)"""
@@ -166,10 +167,10 @@ def test_cleanups_report_what_they_touched(invoke: Invoke, database_url: str) ->
         conn.execute("UPDATE fastpubsub.idempotency_keys SET created_at = now() - interval '2 hours'")
     acked = invoke("cleanup-acked-messages", "--batch-size", "1")
     assert acked.exit_code == 0, acked.output
-    assert acked.output == "deleted 2 acked deliveries, 2 messages and 1 idempotency keys\n"
+    assert acked.output == "deleted 2 acked deliveries, 2 messages and 0 idempotency keys\n"
     assert (
         invoke("cleanup_acked_messages", "--older-than", "0").output
-        == "deleted 0 acked deliveries, 1 messages and 0 idempotency keys\n"
+        == "deleted 0 acked deliveries, 1 messages and 1 idempotency keys\n"
     )
 
 
@@ -181,14 +182,21 @@ def test_cleanup_stuck_says_what_it_did(invoke: Invoke, database_url: str) -> No
         conn.execute("""SELECT fastpubsub.publish_v2('t', '[{"n": 1}]', false)""")
         conn.execute("SELECT fastpubsub.consume_v2('retry', 'w', 1)")
         conn.execute("SELECT fastpubsub.consume_v2('once', 'w', 1)")
+    live = invoke("cleanup_stuck_messages", "--lock-timeout", "0")
+    assert live.exit_code == 0, live.output
+    assert live.output.startswith("ended 0 stuck leases")  # both leases are within their deadline
+    with psycopg.connect(libpq_url(database_url), autocommit=True) as conn:
+        for sub in ("retry", "once"):  # the consumers went away: their leases run out now
+            conn.execute(
+                "SELECT fastpubsub.extend_lease(%s, ARRAY(SELECT id FROM fastpubsub.messages), 0)", (sub,)
+            )
     none = invoke("cleanup-stuck-messages", "--lock-timeout", "3600")
     assert none.exit_code == 0, none.output
     assert none.output.startswith("ended 0 stuck leases")
     both = invoke("cleanup_stuck_messages", "--lock-timeout", "0")
     assert both.exit_code == 0, both.output
     assert both.output == (
-        "ended 2 stuck leases (each message is deliverable again, "
-        "or in the dead-letter queue if it had no delivery attempt left)\n"
+        "ended 2 stuck leases: 1 released (deliverable again), 1 dead-lettered (no delivery attempt left)\n"
     )
     with psycopg.connect(libpq_url(database_url)) as conn:
         states = conn.execute(
