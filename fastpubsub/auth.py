@@ -103,8 +103,11 @@ def grants(scopes: tuple[str, ...] | frozenset[str], scope: str, object_id: str 
     return object_id is not None and f"{scope}:{object_id}" in scopes
 
 
-def require_covered(holder: tuple[str, ...] | frozenset[str], requested: tuple[str, ...]) -> None:
-    """A client may only hand out scopes it holds itself (or is admin)."""
+def require_covered(
+    holder: tuple[str, ...] | frozenset[str], requested: tuple[str, ...], action: str = "grant"
+) -> None:
+    """A client may only hand out (or manage clients with) scopes it holds itself, unless it is admin."""
+    holder = frozenset(holder)
     for scope in requested:
         if scope == ADMIN_SCOPE:
             covered = ADMIN_SCOPE in holder
@@ -112,7 +115,7 @@ def require_covered(holder: tuple[str, ...] | frozenset[str], requested: tuple[s
             parts = scope.split(":")
             covered = grants(holder, ":".join(parts[:2]), parts[2] if len(parts) == 3 else None)
         if not covered:
-            raise PermissionDeniedError(f'cannot grant scope "{scope}": the calling client does not hold it')
+            raise PermissionDeniedError(f'cannot {action} scope "{scope}": the calling client does not hold it')
 
 
 # -- tokens -------------------------------------------------------------------

@@ -596,7 +596,8 @@ class Database:
     async def list_clients(self, offset: int = 0, limit: int = 10) -> list[Client]:
         return [Client(*row) for row in await self._rows("list_clients", offset=offset, limit=limit)]
 
-    async def update_client(self, client_id: UUID, name: str, scopes: str, is_active: bool) -> Client:
+    async def update_client(self, client_id: UUID, name: str, scopes: str, is_active: bool | None) -> Client:
+        """Change a client (revoking its tokens); is_active None keeps it as it is."""
         row = await self._one(
             "update_client",
             f'client "{client_id}" not found',

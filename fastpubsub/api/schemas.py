@@ -178,7 +178,7 @@ class ClientCreate(Body):
 
 
 class ClientUpdate(ClientCreate):
-    pass
+    is_active: bool | None = Field(default=None, description="Left out: unchanged")
 
 
 class ClientCreated(BaseModel):
