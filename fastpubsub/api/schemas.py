@@ -8,6 +8,8 @@ from uuid import UUID
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from fastpubsub.auth import MAX_SCOPES, MAX_SCOPES_LENGTH
+
 T = TypeVar("T")
 
 # The one pattern for topic and subscription ids (also enforced in the database).
@@ -173,7 +175,11 @@ class MetricsOut(BaseModel):
 # -- clients and tokens -------------------------------------------------------
 class ClientCreate(Body):
     name: Annotated[str, StringConstraints(min_length=1, max_length=200)]
-    scopes: str = Field(description="Space-separated scopes, e.g. 'topics:publish:orders subscriptions:read'")
+    scopes: str = Field(
+        max_length=MAX_SCOPES_LENGTH,
+        description=f"Space-separated scopes, e.g. 'topics:publish:orders subscriptions:read' "
+        f"(at most {MAX_SCOPES} scopes, {MAX_SCOPES_LENGTH} characters)",
+    )
     is_active: bool = True
 
 

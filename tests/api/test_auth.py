@@ -420,7 +420,20 @@ async def test_updating_a_client_without_is_active_leaves_it_unchanged(
     denied = await secured.post("/oauth/token", json={"client_id": client_id, "client_secret": secret})
     assert denied.status_code == 401
     enabled = await secured.put(
-        f"/clients/{client_id}", json={"name": "renamed", "scopes": "topics:read", "is_active": True}, headers=admin
+        f"/clients/{client_id}",
+        json={"name": "renamed", "scopes": "topics:read", "is_active": True},
+        headers=admin,
     )
     assert enabled.json()["is_active"] is True
     await token_for(secured, client_id, secret)
+
+
+async def test_client_scopes_are_limited_in_count_and_length(
+    secured: httpx.AsyncClient, bearer: Bearer
+) -> None:
+    admin = await bearer("*")
+    many = " ".join(f"topics:publish:t{i}" for i in range(40_000))
+    for scopes in (many, "topics:read " * 5000):
+        response = await secured.post("/clients", json={"name": "x", "scopes": scopes}, headers=admin)
+        assert response.status_code == 422
+        assert "detail" in response.json()
