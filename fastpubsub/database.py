@@ -21,7 +21,6 @@ from importlib import resources
 from typing import Any, NoReturn
 from uuid import UUID
 
-import orjson
 import psycopg
 import psycopg.types.json
 from psycopg.pq import TransactionStatus
@@ -30,6 +29,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from fastpubsub import jsoncodec
 from fastpubsub.exceptions import (
     AlreadyExistsError,
     DatabaseUnavailableError,
@@ -55,8 +55,9 @@ log = logging.getLogger(__name__)
 
 NOTIFY_CHANNEL = "fastpubsub"
 
-# jsonb values arrive through orjson: several times faster than the json module.
-psycopg.types.json.set_json_loads(orjson.loads)
+# jsonb values arrive through orjson (several times faster than the json
+# module), except integers beyond 64 bits, which orjson would round.
+psycopg.types.json.set_json_loads(jsoncodec.loads)
 
 # Friendly messages for CHECK constraints (SQLSTATE 23514).
 _CHECK_MESSAGES = {
@@ -138,6 +139,9 @@ def translate_error(exc: BaseException) -> FastPubSubError | None:
     if orig is None:
         return DatabaseUnavailableError("the database is unavailable; retry shortly") if invalidated else None
     state = orig.sqlstate
+    if state is None and isinstance(orig, psycopg.DataError):
+        # Refused by the driver before sending, e.g. a NUL character in a text parameter.
+        return InvalidInputError(str(orig).strip() or "invalid input")
     diag = orig.diag
     primary = (diag.message_primary if diag is not None else None) or str(orig).strip()
     if state == "FP404":
@@ -178,7 +182,7 @@ def _json(value: Any) -> str | None:
         return None
     if isinstance(value, str | bytes | bytearray | memoryview):
         return bytes(value).decode("utf-8") if not isinstance(value, str) else value
-    return orjson.dumps(value).decode("utf-8")
+    return jsoncodec.dumps_text(value)  # integers beyond 64 bits stay exact
 
 
 def _ids(ids: Iterable[UUID | str]) -> str:

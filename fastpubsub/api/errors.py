@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -80,13 +81,14 @@ async def _fastpubsub_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(status, exc.message, headers)
 
 
+def validation_problems(errors: Sequence[Any]) -> list[dict[str, Any]]:
+    """Validation errors as the API reports them: where, what and which kind (never the input)."""
+    return [{key: error[key] for key in ("loc", "msg", "type") if key in error} for error in errors]
+
+
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    problems = []
-    for error in exc.errors():
-        problem = {key: error[key] for key in ("loc", "msg", "type") if key in error}
-        problems.append(problem)
-    return error_response(422, problems)
+    return error_response(422, validation_problems(exc.errors()))
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:

@@ -9,13 +9,13 @@ from typing import Any
 from urllib.parse import parse_qs, unquote_plus
 from uuid import UUID
 
-import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from fastpubsub import auth
 from fastpubsub.api.deps import DatabaseDep, SettingsDep
+from fastpubsub.api.errors import error_response, validation_problems
 from fastpubsub.api.schemas import ErrorBody, TokenOut, TokenRequest
 from fastpubsub.exceptions import InvalidInputError, PermissionDeniedError
 from fastpubsub.settings import Settings
@@ -138,8 +138,7 @@ async def issue_token(request: Request, database: DatabaseDep, settings: Setting
             try:
                 data = TokenRequest.model_validate_json(body or b"null")
             except ValidationError as exc:
-                errors = orjson.loads(exc.json(include_url=False, include_context=False))
-                return JSONResponse({"detail": errors}, status_code=422)
+                return error_response(422, validation_problems(exc.errors(include_url=False)))
             token = await _authenticate(
                 database, settings, str(data.client_id), data.client_secret, None, basic=False
             )

@@ -12,12 +12,17 @@ import orjson
 from fastapi import APIRouter, Body, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
+from fastpubsub import jsoncodec
 from fastpubsub.api.deps import DatabaseDep, ListenerDep, PrincipalDep, SettingsDep
 from fastpubsub.api.errors import error_responses
 from fastpubsub.api.metrics import ACKED, CONSUMED, DEAD_LETTERED, NACKED
 from fastpubsub.api.schemas import (
+    DEFAULT_BATCH_SIZE,
     ID_DESCRIPTION,
     ID_PATTERN,
+    MAX_BATCH_SIZE,
+    MAX_IDS,
+    MAX_WAIT_SECONDS,
     ConsumerId,
     LeaseExtension,
     MessageOut,
@@ -42,7 +47,7 @@ Offset = Annotated[int, Query(ge=0, le=10_000_000)]
 Limit = Annotated[int, Query(ge=1, le=1000)]
 IdList = Annotated[
     list[UUID],
-    Body(max_length=1000, description="Message ids", examples=[["550e8400-e29b-41d4-a716-446655440000"]]),
+    Body(max_length=MAX_IDS, description="Message ids", examples=[["550e8400-e29b-41d4-a716-446655440000"]]),
 ]
 
 # Long-polls re-check at least this often while the notification listener is
@@ -80,7 +85,7 @@ def _message(subscription_id: str, m: Message, with_options: bool = True) -> dic
 
 def _messages_json(subscription_id: str, messages: list[Message], with_options: bool = True) -> bytes:
     """A page of messages, rendered in one go (consume is the hottest response of the API)."""
-    return orjson.dumps(
+    return jsoncodec.dumps(
         {"data": [_message(subscription_id, m, with_options) for m in messages]}, option=orjson.OPT_UTC_Z
     )
 
@@ -233,8 +238,10 @@ async def consume_messages(
     listener: ListenerDep,
     principal: PrincipalDep,
     consumer_id: Annotated[ConsumerId, Query(description="Who holds the leases")],
-    batch_size: Annotated[int, Query(ge=1, le=100)] = 10,
-    wait_seconds: Annotated[float, Query(ge=0, le=30, description="Long-poll up to this long")] = 0,
+    batch_size: Annotated[int, Query(ge=1, le=MAX_BATCH_SIZE)] = DEFAULT_BATCH_SIZE,
+    wait_seconds: Annotated[
+        float, Query(ge=0, le=MAX_WAIT_SECONDS, description="Long-poll up to this long")
+    ] = 0,
 ) -> Response:
     principal.require("subscriptions:consume", subscription_id)
     body = await consume_page(database, listener, subscription_id, consumer_id, batch_size, wait_seconds)
@@ -407,7 +414,7 @@ async def stream_events(
                         CONSUMED.labels(subscription_id).inc(len(messages))
                         for m in messages:
                             sent.add(m.id)
-                            event = orjson.dumps(_message(subscription_id, m), option=orjson.OPT_UTC_Z)
+                            event = jsoncodec.dumps(_message(subscription_id, m), option=orjson.OPT_UTC_Z)
                             yield b"event: message\nid: %s\ndata: %s\n\n" % (str(m.id).encode(), event)
                         continue
                 timeout = KEEPALIVE_SECONDS
