@@ -238,6 +238,9 @@ class ClientOut(BaseModel):
 
 
 class TokenRequest(Body):
+    grant_type: Annotated[str, StringConstraints(max_length=64)] | None = Field(
+        default=None, description="Optional; if given, `client_credentials` (the only grant supported)"
+    )
     client_id: UUID
     client_secret: Annotated[str, StringConstraints(min_length=1, max_length=512)]
 

@@ -437,3 +437,18 @@ async def test_client_scopes_are_limited_in_count_and_length(
         response = await secured.post("/clients", json={"name": "x", "scopes": scopes}, headers=admin)
         assert response.status_code == 422
         assert "detail" in response.json()
+
+
+async def test_json_token_request_may_name_the_client_credentials_grant(
+    secured: httpx.AsyncClient, database_url: str
+) -> None:
+    client_id, secret = await create_client_record(database_url, "topics:read")
+    body = {"grant_type": "client_credentials", "client_id": client_id, "client_secret": secret}
+    response = await secured.post("/oauth/token", json=body)
+    assert response.status_code == 201, response.text
+    assert response.json()["scope"] == "topics:read"
+    for grant_type in ("password", "authorization_code", ""):
+        refused = await secured.post("/oauth/token", json={**body, "grant_type": grant_type})
+        assert refused.status_code == 400
+        assert refused.json()["error"] == "unsupported_grant_type"
+        assert refused.json()["detail"]
