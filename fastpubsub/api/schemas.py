@@ -32,6 +32,11 @@ MAX_WAIT_SECONDS = 30
 MAX_CONSUMER_ID_LENGTH = 200
 MAX_IDS = 1000
 
+# Attributes of an envelope publish.
+MAX_ATTRIBUTES = 64
+MAX_ATTRIBUTE_KEY_LENGTH = 256
+MAX_ATTRIBUTE_VALUE_LENGTH = 1024
+
 # Text PostgreSQL stores may hold any character but NUL.
 NO_NUL_PATTERN = r"^[^\x00]*$"
 
@@ -117,8 +122,17 @@ class PublishMessage(Body):
     """One message of an envelope publish; only `payload` is required."""
 
     payload: JsonObject
-    attributes: dict[str, Annotated[str, StringConstraints(max_length=1024)]] | None = Field(
-        default=None, max_length=64, description="String map returned with each consumed message"
+    attributes: (
+        dict[
+            Annotated[str, StringConstraints(min_length=1, max_length=MAX_ATTRIBUTE_KEY_LENGTH)],
+            Annotated[str, StringConstraints(max_length=MAX_ATTRIBUTE_VALUE_LENGTH)],
+        ]
+        | None
+    ) = Field(
+        default=None,
+        max_length=MAX_ATTRIBUTES,
+        description=f"String map returned with each consumed message: at most {MAX_ATTRIBUTES} keys of "
+        f"1-{MAX_ATTRIBUTE_KEY_LENGTH} characters, values up to {MAX_ATTRIBUTE_VALUE_LENGTH} characters",
     )
     idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = Field(
         default=None,

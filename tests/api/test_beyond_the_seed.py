@@ -216,3 +216,34 @@ async def test_openapi_shows_an_example_of_each_addition(api: httpx.AsyncClient)
     schemas = spec["components"]["schemas"]
     assert schemas["PublishRequest"]["examples"][0]["messages"][0]["idempotency_key"]
     assert schemas["SubscriptionUpdate"]["properties"]["filter"]["examples"]
+
+
+async def test_publish_size_limit_counts_payload_and_attributes(make_api: ClientFactory) -> None:
+    api = await make_api(max_message_bytes=300)
+    await setup(api)
+    payload = {"v": "x" * 150}
+    attributes = {"a": "y" * 100, "b": "z" * 100}
+    refused = await api.post(
+        "/topics/t/publish",
+        json={"messages": [{"payload": {}}, {"payload": payload, "attributes": attributes}]},
+    )
+    assert refused.status_code == 413
+    assert "message at index 1" in refused.json()["detail"]
+    assert (await api.get("/subscriptions/s/metrics")).json()["available"] == 0
+    fits = {"payload": payload, "attributes": {"a": "y" * 50}}
+    assert (await api.post("/topics/t/publish", json={"messages": [fits]})).status_code == 201
+
+
+@pytest.mark.parametrize(
+    "attributes",
+    [{"k" * 257: "v"}, {"": "v"}, {"k": "v" * 1025}, {f"k{i}": "v" for i in range(65)}],
+    ids=["long key", "empty key", "long value", "too many"],
+)
+async def test_attribute_sizes_are_limited(api: httpx.AsyncClient, attributes: dict) -> None:
+    await setup(api)
+    response = await api.post(
+        "/topics/t/publish", json={"messages": [{"payload": {}, "attributes": attributes}]}
+    )
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["loc"][:4] == ["body", "messages", 0, "attributes"]
+    assert (await api.get("/subscriptions/s/metrics")).json()["available"] == 0

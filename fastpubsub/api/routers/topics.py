@@ -152,7 +152,11 @@ async def publish_with_options(
     principal.require("topics:publish", topic_id)
     envelopes = [message.model_dump(mode="json", exclude_none=True) for message in body.messages]
     for index, envelope in enumerate(envelopes):
-        size = len(jsoncodec.dumps(envelope["payload"]))
+        # What each message stores and delivers: its payload and its attributes.
+        attributes = envelope.get("attributes")
+        size = len(jsoncodec.dumps(envelope["payload"])) + (
+            len(jsoncodec.dumps(attributes)) if attributes else 0
+        )
         if size > settings.max_message_bytes:
             raise PayloadTooLargeError(
                 f"message at index {index} is {size} bytes, above the limit of {settings.max_message_bytes}; "
