@@ -93,6 +93,15 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 400 and isinstance(exc.__cause__, ValueError | RecursionError):
+        # FastAPI answers 400 when the JSON body is not UTF-8 (UnicodeDecodeError)
+        # or nested too deeply to parse: invalid input like any other bad JSON.
+        problem = {
+            "loc": ["body"],
+            "msg": f"the body is not valid JSON: {exc.__cause__}",
+            "type": "json_invalid",
+        }
+        return error_response(422, [problem])
     return error_response(exc.status_code, exc.detail, getattr(exc, "headers", None))
 
 
@@ -105,6 +114,8 @@ async def response_for(request: Request, exc: Exception) -> JSONResponse:
     """The error response the application's handlers give for `exc` (for code outside the router)."""
     if isinstance(exc, FastPubSubError):
         return await _fastpubsub_error(request, exc)
+    if isinstance(exc, StarletteHTTPException):
+        return await _http_error(request, exc)
     return await _unexpected_error(request, exc)
 
 

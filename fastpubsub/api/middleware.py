@@ -8,9 +8,9 @@ import time
 import uuid
 
 import orjson
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fastpubsub.exceptions import PayloadTooLargeError
 from fastpubsub.logs import request_id
 
 log = logging.getLogger("fastpubsub.http")
@@ -85,8 +85,9 @@ class BodyLimit:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
-                    # Handled like any fastpubsub error: a 413 with a JSON detail.
-                    raise PayloadTooLargeError(f"request body is larger than {self.max_bytes} bytes")
+                    # An HTTPException, which FastAPI lets through while it reads a body
+                    # (it answers 400 for anything else): a 413 with a JSON detail.
+                    raise HTTPException(413, f"request body is larger than {self.max_bytes} bytes")
             return message
 
         await self.app(scope, limited_receive, send)

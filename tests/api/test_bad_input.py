@@ -135,3 +135,53 @@ async def test_invalid_utf8_in_a_json_token_request_is_422(secured: httpx.AsyncC
         "/oauth/token", content=b'{"client_id": "\xff\xfe", "client_secret": "x"}', headers=JSON_TYPE
     )
     refused(response)
+
+
+# -- bodies FastAPI parses: over the limit without Content-Length, and not UTF-8 ----------------
+ID = "0190b5a0-0000-7000-8000-000000000001"
+BODY_ROUTES = [
+    ("POST", "/topics"),
+    ("POST", "/topics/t/messages"),
+    ("POST", "/topics/t/publish"),
+    ("POST", "/subscriptions"),
+    ("PATCH", "/subscriptions/s"),
+    ("POST", "/subscriptions/s/acks"),
+    ("POST", "/subscriptions/s/nacks"),
+    ("POST", "/subscriptions/s/leases"),
+    ("POST", "/subscriptions/s/seek"),
+    ("POST", "/subscriptions/s/dlq/reprocess"),
+    ("POST", "/clients"),
+    ("PUT", f"/clients/{ID}"),
+    ("POST", "/oauth/token"),
+]
+
+
+@pytest.mark.parametrize(("method", "path"), BODY_ROUTES)
+async def test_a_chunked_body_over_the_limit_is_413(make_api: ClientFactory, method: str, path: str) -> None:
+    api = await make_api(max_request_bytes=1000, auth_enabled=path == "/oauth/token")
+    if path != "/oauth/token":
+        await setup(api)
+
+    async def chunks():  # no Content-Length: the limit applies while the body streams in
+        yield b'["' + ID.encode() + b'"'
+        for _ in range(10):
+            yield b"," + b" " * 200
+
+    response = await api.request(method, path, content=chunks(), headers=JSON_TYPE)
+    refused(response, 413)
+    assert "larger than 1000 bytes" in response.json()["detail"]
+
+
+@pytest.mark.parametrize(("method", "path"), BODY_ROUTES)
+async def test_a_body_that_is_not_utf8_is_422(make_api: ClientFactory, method: str, path: str) -> None:
+    api = await make_api(auth_enabled=path == "/oauth/token")
+    if path != "/oauth/token":
+        await setup(api)
+    response = await api.request(method, path, content=b'{"id": "\xff\xfe"}', headers=JSON_TYPE)
+    refused(response)
+
+
+async def test_a_body_nested_too_deeply_to_parse_is_422(api: httpx.AsyncClient) -> None:
+    await setup(api)
+    deep = b'{"id": "x", "topic_id": "t", "filter": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    refused(await api.post("/subscriptions", content=deep, headers=JSON_TYPE))
