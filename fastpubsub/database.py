@@ -37,6 +37,7 @@ from fastpubsub.exceptions import (
     InvalidInputError,
     NotFoundError,
 )
+from fastpubsub.logs import one_line
 from fastpubsub.models import (
     CleanupResult,
     Client,
@@ -712,7 +713,7 @@ class NotificationListener:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # any failure means: reconnect
-                log.warning("notification listener disconnected: %s", exc)
+                log.warning("notification listener disconnected: %s", one_line(exc))
             finally:
                 self.connected.clear()
             lost = True

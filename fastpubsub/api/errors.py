@@ -21,7 +21,7 @@ from fastpubsub.exceptions import (
     PayloadTooLargeError,
     PermissionDeniedError,
 )
-from fastpubsub.logs import request_id
+from fastpubsub.logs import one_line, request_id
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,11 @@ async def _fastpubsub_error(request: Request, exc: Exception) -> JSONResponse:
         headers = {"WWW-Authenticate": 'Bearer error="invalid_token"'}
     elif status == 503:
         headers = {"Retry-After": "1"}
-        log.warning("database unavailable: %s", exc.__cause__ or exc)
+        # One line per failure: an outage fails every request, and each would
+        # otherwise log a driver message of several lines. The traceback is at debug.
+        cause = exc.__cause__ or exc
+        log.warning("%s %s: database unavailable: %s", request.method, request.url.path, one_line(cause))
+        log.debug("database unavailable", exc_info=exc)
     elif status == 500:
         log.error("unexpected error", exc_info=exc)
         return error_response(500, "internal error; see the server log for request " + str(request_id.get()))
