@@ -471,12 +471,12 @@ class Database:
 
     async def leases_held(
         self, subscription_id: str, consumer_id: str, ids: Iterable[UUID | str]
-    ) -> set[UUID]:
-        """Which of `ids` are still leased to `consumer_id` (not acked, nacked or run out)."""
+    ) -> dict[UUID, float]:
+        """Which of `ids` are still leased to `consumer_id` (not acked, nacked or run out): seconds left."""
         rows = await self._rows(
             "leases_held", subscription_id=subscription_id, consumer_id=consumer_id, ids=_ids(ids)
         )
-        return {row[0] for row in rows}
+        return {row.message_id: float(row.seconds) for row in rows}
 
     async def touch_stream(self, subscription_id: str) -> None:
         """Tell acks and nacks of this subscription to wake streams (for the next minute)."""

@@ -90,7 +90,13 @@ class HotPaths:
         try:
             await self._authorize(request, subscription_id)
             body = await consume_page(
-                state.database, state.listener, subscription_id, consumer_id, int(batch), float(wait)
+                state.database,
+                state.listener,
+                subscription_id,
+                consumer_id,
+                int(batch),
+                float(wait),
+                receive,
             )
         except Exception as exc:
             await (await errors.response_for(request, exc))(scope, receive, send)

@@ -51,7 +51,7 @@ JOIN fastpubsub.topics AS t ON t.key = s.topic_key
 SELECT replayed, acked FROM fastpubsub.seek(:subscription_id, :time)
 
 -- leases_held --
-SELECT d.message_id
+SELECT d.message_id, extract(epoch FROM d.lease_until - now())::double precision AS seconds
 FROM fastpubsub.deliveries AS d
 JOIN fastpubsub.subscriptions AS s ON s.key = d.subscription_key
 WHERE s.id = :subscription_id AND d.message_id = ANY (CAST(:ids AS uuid[]))
