@@ -156,3 +156,22 @@ async def test_a_message_delayed_before_the_wait_wakes_it_when_due(api: httpx.As
     elapsed, data = await long_poll(api, 10)
     assert [m["payload"] for m in data] == [{"n": 1}]
     assert 0.8 < elapsed < 5
+
+
+async def test_a_waiting_consumer_does_not_spin(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever next_due answers ("due now" included), a wait that keeps finding nothing backs off."""
+    await setup(api)
+    database = api.app.state.database  # type: ignore[attr-defined]
+    real = database._rows
+    ran: list[str] = []
+
+    async def counting(query: str, /, **params: object) -> object:
+        ran.append(query)
+        return await real(query, **params)
+
+    monkeypatch.setattr(database, "_rows", counting)
+    elapsed, data = await long_poll(api, 2.5)
+    assert data == []
+    assert len(ran) <= 40, f"{len(ran)} queries in {elapsed:.1f} s"
