@@ -36,7 +36,6 @@ STATUS = {
 }
 
 DESCRIPTIONS = {
-    400: "Malformed request",
     401: "Missing, invalid, expired or revoked access token",
     403: "The token's scopes do not allow this",
     404: "No such object",
@@ -53,6 +52,22 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     from fastpubsub.api.schemas import ErrorBody
 
     return {code: {"model": ErrorBody, "description": DESCRIPTIONS[code]} for code in (*codes, 503)}
+
+
+def document_body_limit(openapi: dict[str, Any]) -> None:
+    """Add the 413 answer to every operation that takes a body (any body may exceed the request limit)."""
+    for operations in openapi.get("paths", {}).values():
+        for operation in operations.values():
+            if isinstance(operation, dict) and "requestBody" in operation:
+                operation.setdefault("responses", {}).setdefault(
+                    "413",
+                    {
+                        "description": DESCRIPTIONS[413],
+                        "content": {
+                            "application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}
+                        },
+                    },
+                )
 
 
 def status_for(exc: FastPubSubError) -> int:

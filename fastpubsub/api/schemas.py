@@ -212,7 +212,10 @@ class MetricsOut(BaseModel):
     subscription_id: str
     available: int = Field(description="Deliverable now")
     delivered: int = Field(description="Leased to a consumer (in flight)")
-    delayed: int = Field(description="Waiting for a retry backoff to end")
+    delayed: int = Field(
+        description="Not deliverable yet: published with delay_seconds / deliver_at, or waiting for a "
+        "retry backoff to end"
+    )
     acked: int = Field(description="Acked and not cleaned up yet")
     dlq: int = Field(description="Dead-lettered")
     oldest_available_age_seconds: float = Field(description="Age of the oldest deliverable message")

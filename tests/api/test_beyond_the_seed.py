@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -216,6 +217,13 @@ async def test_openapi_shows_an_example_of_each_addition(api: httpx.AsyncClient)
     schemas = spec["components"]["schemas"]
     assert schemas["PublishRequest"]["examples"][0]["messages"][0]["idempotency_key"]
     assert schemas["SubscriptionUpdate"]["properties"]["filter"]["examples"]
+    stream_ok = paths["/subscriptions/{subscription_id}/stream"]["get"]["responses"]["200"]
+    example = stream_ok["content"]["text/event-stream"]["example"]
+    assert example.startswith("event: message\nid: ")
+    event = json.loads(example.split("data: ", 1)[1].split("\n", 1)[0])
+    assert {"id", "payload", "attributes", "priority", "delivery_attempts"} <= set(event)
+    assert "keep-alive" in stream_ok["description"] or "keep-alive" in example
+    assert "delay" in schemas["MetricsOut"]["properties"]["delayed"]["description"]
 
 
 async def test_publish_size_limit_counts_payload_and_attributes(make_api: ClientFactory) -> None:

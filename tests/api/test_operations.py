@@ -127,7 +127,15 @@ async def test_openapi_documents_every_endpoint(api: httpx.AsyncClient) -> None:
             if path.startswith(("/topics", "/subscriptions", "/clients")):
                 assert {"401", "403", "422"} <= set(operation["responses"]), (method, path)
                 assert operation.get("security"), (method, path)
+            if "requestBody" in operation:
+                assert "413" in operation["responses"], (method, path)
+            if "400" in operation["responses"]:
+                assert path == "/oauth/token", (method, path)  # its RFC 6749 errors; nothing else gives 400
     assert len(operation_ids) == len(set(operation_ids))
+    token = spec["paths"]["/oauth/token"]["post"]["responses"]
+    for status in ("200", "201"):
+        schema = token[status]["content"]["application/json"]["schema"]
+        assert schema == {"$ref": "#/components/schemas/TokenOut"}, status
     assert {"publish_messages", "consume_messages", "ack_messages", "issue_token", "extend_leases"} <= set(
         operation_ids
     )

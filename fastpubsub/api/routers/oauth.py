@@ -121,6 +121,7 @@ async def _authenticate(
     openapi_extra={"requestBody": _TOKEN_BODY},
     responses={
         200: {"model": TokenOut, "description": "Token (OAuth2 form request)"},
+        201: {"model": TokenOut, "description": "Token (JSON request)"},
         400: {"model": ErrorBody, "description": "invalid_request, unsupported_grant_type or invalid_scope"},
         401: {"model": ErrorBody, "description": "invalid_client: unknown client, disabled or wrong secret"},
         415: {"model": ErrorBody, "description": "Neither JSON nor a form"},

@@ -503,6 +503,23 @@ class LocalSettlements:
 
 SETTLEMENTS = LocalSettlements()
 
+_EXAMPLE_ID = "0190b5a0-3c1e-7a41-9d2f-5b8e1c0a7f21"
+_STREAM_EXAMPLE = (
+    f"event: message\nid: {_EXAMPLE_ID}\ndata: "
+    + orjson.dumps(
+        {
+            "id": _EXAMPLE_ID,
+            "subscription_id": "order-emails",
+            "payload": {"order_id": "12345", "status": "created"},
+            "delivery_attempts": 1,
+            "created_at": "2026-11-22T10:00:00.123456Z",
+            "attributes": {"source": "checkout"},
+            "priority": 5,
+        }
+    ).decode()
+    + "\n\n: keep-alive\n\n"
+)
+
 
 async def stream_events(
     request: Request,
@@ -579,12 +596,17 @@ async def stream_events(
     "/{subscription_id}/stream",
     summary="Consume as a stream of server-sent events",
     description="`text/event-stream`: each `message` event carries one leased message as JSON (id, "
-    "payload, attributes, priority, delivery_attempts); comments keep the connection alive. Ack or "
-    "nack through the usual endpoints; at most `max_in_flight` messages are unacked at a time. When "
-    "the stream drops, its leases expire normally (ack deadline).",
+    "payload, attributes, priority, delivery_attempts). A `: keep-alive` comment goes out after "
+    f"{KEEPALIVE_SECONDS:g} s without an event. Ack or nack through the usual endpoints; at most "
+    "`max_in_flight` messages are unacked at a time. When the stream drops, its leases expire normally "
+    "(ack deadline).",
     response_class=StreamingResponse,
     responses={
-        200: {"content": {"text/event-stream": {}}, "description": "The stream"},
+        200: {
+            "content": {"text/event-stream": {"schema": {"type": "string"}, "example": _STREAM_EXAMPLE}},
+            "description": f"The stream: `message` events, and a `: keep-alive` comment after "
+            f"{KEEPALIVE_SECONDS:g} s without one",
+        },
         **error_responses(401, 403, 404, 422),
     },
 )
