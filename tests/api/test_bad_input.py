@@ -11,8 +11,7 @@ import json
 import httpx
 import pytest
 
-from tests.api.conftest import ClientFactory
-from tests.api.test_hot_paths import _pair
+from tests.api.conftest import ClientFactory, fast_and_routed
 
 JSON_TYPE = {"content-type": "application/json"}
 BIG = 18446744073709551616  # 2**64: beyond what orjson handles
@@ -36,7 +35,9 @@ def refused(response: httpx.Response, status: int = 422) -> None:
 async def test_a_nul_in_consumer_id_is_422(
     make_api: ClientFactory, consumer_id: str, path: str, wait: str
 ) -> None:
-    fast, routed = await _pair(make_api)  # through the hot-path middleware, and through the router only
+    fast, routed = await fast_and_routed(
+        make_api
+    )  # through the hot-path middleware, and through the router only
     await setup(fast)
     params = {"consumer_id": consumer_id}
     if path.endswith("messages"):
@@ -52,7 +53,7 @@ async def test_a_nul_in_a_client_name_is_422(api: httpx.AsyncClient) -> None:
 
 
 async def test_a_raw_nul_in_a_published_body_is_422(make_api: ClientFactory) -> None:
-    fast, routed = await _pair(make_api)
+    fast, routed = await fast_and_routed(make_api)
     await setup(fast)
     for api in (fast, routed):
         refused(await api.post("/topics/t/messages", content=b'[{"a": "x\x00y"}]', headers=JSON_TYPE))
@@ -123,7 +124,7 @@ async def test_non_finite_numbers_in_filters_are_422(api: httpx.AsyncClient, num
 
 @pytest.mark.parametrize("number", ["NaN", "Infinity"])
 async def test_non_finite_numbers_in_seed_publishes_are_422(make_api: ClientFactory, number: str) -> None:
-    fast, routed = await _pair(make_api)
+    fast, routed = await fast_and_routed(make_api)
     await setup(fast)
     for api in (fast, routed):
         refused(await api.post("/topics/t/messages", content=f'[{{"x": {number}}}]', headers=JSON_TYPE))

@@ -11,8 +11,7 @@ import pytest
 
 from fastpubsub.database import libpq_url
 from tests.api.asgi import Exchange
-from tests.api.conftest import ClientFactory
-from tests.api.test_hot_paths import _pair
+from tests.api.conftest import ClientFactory, fast_and_routed
 
 
 async def setup(api: httpx.AsyncClient, **subscription: object) -> None:
@@ -100,7 +99,7 @@ async def test_the_listener_reconnects_after_losing_its_connection(
 
 @pytest.mark.parametrize("served_by", ["hot path", "router"])
 async def test_a_consumer_that_went_away_gets_nothing_leased(make_api: ClientFactory, served_by: str) -> None:
-    fast, routed = await _pair(make_api)
+    fast, routed = await fast_and_routed(make_api)
     api = fast if served_by == "hot path" else routed
     await setup(api)
     started = time.monotonic()
