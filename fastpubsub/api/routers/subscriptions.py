@@ -283,8 +283,11 @@ def _client_watch(receive: Receive | None, woken: asyncio.Event) -> Iterator[asy
         return
 
     async def watch() -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass  # the (empty) request body of a GET
+        try:
+            while (await receive())["type"] != "http.disconnect":
+                pass  # the (empty) request body of a GET
+        except Exception:  # the server could not say: take it that the client has gone
+            log.debug("watching for the client to go away failed", exc_info=True)
         gone.set()
         woken.set()
 
@@ -458,10 +461,8 @@ async def subscription_metrics(
 
 
 # Streams send a keep-alive comment after this long without writing anything,
-# so that proxies keep them open, and renew their registration (touch_stream)
-# well within its 60 s lifetime.
+# so that proxies keep them open.
 KEEPALIVE_SECONDS = 15.0
-TOUCH_SECONDS = 30.0
 # A stream with max_in_flight messages unacked waits for room: its own
 # earliest lease to end, an ack, nack or lease change of one of its messages
 # in this process (LocalSettlements), and at least this often for those
@@ -542,7 +543,7 @@ async def stream_events(
     """
     loop = asyncio.get_running_loop()
     held: dict[UUID, float] = {}  # messages out, and when (loop time) their leases end
-    touched = written = loop.time()
+    written = loop.time()
     pacing = _DuePacing()
     yield b": connected\n\n"
     try:
@@ -581,9 +582,6 @@ async def stream_events(
                 if loop.time() >= written + KEEPALIVE_SECONDS:
                     yield b": keep-alive\n\n"
                     written = loop.time()
-                if loop.time() - touched >= TOUCH_SECONDS:
-                    await database.touch_stream(subscription_id)
-                    touched = loop.time()
                 if await request.is_disconnected():
                     return
     except FastPubSubError as exc:
@@ -620,7 +618,7 @@ async def stream_messages(
     max_in_flight: Annotated[int, Query(ge=1, le=1000, description="Unacked messages at most")] = 10,
 ) -> StreamingResponse:
     principal.require("subscriptions:consume", subscription_id)
-    await database.touch_stream(subscription_id)  # also answers 404 before the stream starts
+    await database.get_subscription(subscription_id)  # answers 404 before the stream starts
     return StreamingResponse(
         stream_events(request, database, listener, subscription_id, consumer_id, max_in_flight),
         media_type="text/event-stream",
