@@ -34,6 +34,9 @@ SCOPE_DESCRIPTIONS = {
         for action in actions
     },
 }
+# Limits on one client's scopes (they are all carried by each of its tokens).
+MAX_SCOPES = 128
+MAX_SCOPES_LENGTH = 4096
 _OBJECT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _ISSUER = "fastpubsub"
 
@@ -80,17 +83,23 @@ def verify_secret(secret: str, secret_hash: str | None) -> bool:
 
 # -- scopes -------------------------------------------------------------------
 def parse_scopes(text: str) -> tuple[str, ...]:
-    """Validate a space-separated scope string; returns the scopes, duplicates removed."""
-    scopes: list[str] = []
-    for scope in text.split():
+    """Validate a space-separated scope string; returns the scopes in order, duplicates removed.
+
+    At most MAX_SCOPES distinct scopes in MAX_SCOPES_LENGTH characters: every
+    scope travels in each access token the client gets.
+    """
+    if len(text) > MAX_SCOPES_LENGTH:
+        raise InvalidInputError(f"scopes must be at most {MAX_SCOPES_LENGTH} characters")
+    scopes = dict.fromkeys(text.split())  # ordered, without duplicates, in linear time
+    if len(scopes) > MAX_SCOPES:
+        raise InvalidInputError(f"a client may hold at most {MAX_SCOPES} scopes")
+    for scope in scopes:
         if scope != ADMIN_SCOPE:
             parts = scope.split(":")
             if len(parts) not in (2, 3) or parts[0] not in SCOPES or parts[1] not in SCOPES[parts[0]]:
                 raise InvalidInputError(f'unknown scope "{scope}"')
             if len(parts) == 3 and not _OBJECT_ID.match(parts[2]):
                 raise InvalidInputError(f'scope "{scope}" names an invalid object id')
-        if scope not in scopes:
-            scopes.append(scope)
     if not scopes:
         raise InvalidInputError("scopes must not be empty")
     return tuple(scopes)
@@ -103,8 +112,11 @@ def grants(scopes: tuple[str, ...] | frozenset[str], scope: str, object_id: str 
     return object_id is not None and f"{scope}:{object_id}" in scopes
 
 
-def require_covered(holder: tuple[str, ...] | frozenset[str], requested: tuple[str, ...]) -> None:
-    """A client may only hand out scopes it holds itself (or is admin)."""
+def require_covered(
+    holder: tuple[str, ...] | frozenset[str], requested: tuple[str, ...], action: str = "grant"
+) -> None:
+    """A client may only hand out (or manage clients with) scopes it holds itself, unless it is admin."""
+    holder = frozenset(holder)
     for scope in requested:
         if scope == ADMIN_SCOPE:
             covered = ADMIN_SCOPE in holder
@@ -112,7 +124,9 @@ def require_covered(holder: tuple[str, ...] | frozenset[str], requested: tuple[s
             parts = scope.split(":")
             covered = grants(holder, ":".join(parts[:2]), parts[2] if len(parts) == 3 else None)
         if not covered:
-            raise PermissionDeniedError(f'cannot grant scope "{scope}": the calling client does not hold it')
+            raise PermissionDeniedError(
+                f'cannot {action} scope "{scope}": the calling client does not hold it'
+            )
 
 
 # -- tokens -------------------------------------------------------------------

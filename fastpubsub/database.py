@@ -21,7 +21,6 @@ from importlib import resources
 from typing import Any, NoReturn
 from uuid import UUID
 
-import orjson
 import psycopg
 import psycopg.types.json
 from psycopg.pq import TransactionStatus
@@ -30,6 +29,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from fastpubsub import jsoncodec
 from fastpubsub.exceptions import (
     AlreadyExistsError,
     DatabaseUnavailableError,
@@ -37,6 +37,7 @@ from fastpubsub.exceptions import (
     InvalidInputError,
     NotFoundError,
 )
+from fastpubsub.logs import one_line
 from fastpubsub.models import (
     CleanupResult,
     Client,
@@ -56,8 +57,9 @@ log = logging.getLogger(__name__)
 
 NOTIFY_CHANNEL = "fastpubsub"
 
-# jsonb values arrive through orjson: several times faster than the json module.
-psycopg.types.json.set_json_loads(orjson.loads)
+# jsonb values arrive through orjson (several times faster than the json
+# module), except integers beyond 64 bits, which orjson would round.
+psycopg.types.json.set_json_loads(jsoncodec.loads)
 
 # Friendly messages for CHECK constraints (SQLSTATE 23514).
 _CHECK_MESSAGES = {
@@ -139,6 +141,9 @@ def translate_error(exc: BaseException) -> FastPubSubError | None:
     if orig is None:
         return DatabaseUnavailableError("the database is unavailable; retry shortly") if invalidated else None
     state = orig.sqlstate
+    if state is None and isinstance(orig, psycopg.DataError):
+        # Refused by the driver before sending, e.g. a NUL character in a text parameter.
+        return InvalidInputError(str(orig).strip() or "invalid input")
     diag = orig.diag
     primary = (diag.message_primary if diag is not None else None) or str(orig).strip()
     if state == "FP404":
@@ -179,7 +184,7 @@ def _json(value: Any) -> str | None:
         return None
     if isinstance(value, str | bytes | bytearray | memoryview):
         return bytes(value).decode("utf-8") if not isinstance(value, str) else value
-    return orjson.dumps(value).decode("utf-8")
+    return jsoncodec.dumps_text(value)  # integers beyond 64 bits stay exact
 
 
 def _ids(ids: Iterable[UUID | str]) -> str:
@@ -467,12 +472,12 @@ class Database:
 
     async def leases_held(
         self, subscription_id: str, consumer_id: str, ids: Iterable[UUID | str]
-    ) -> set[UUID]:
-        """Which of `ids` are still leased to `consumer_id` (not acked, nacked or run out)."""
+    ) -> dict[UUID, float]:
+        """Which of `ids` are still leased to `consumer_id` (not acked, nacked or run out): seconds left."""
         rows = await self._rows(
             "leases_held", subscription_id=subscription_id, consumer_id=consumer_id, ids=_ids(ids)
         )
-        return {row[0] for row in rows}
+        return {row.message_id: float(row.seconds) for row in rows}
 
     async def touch_stream(self, subscription_id: str) -> None:
         """Tell acks and nacks of this subscription to wake streams (for the next minute)."""
@@ -598,7 +603,8 @@ class Database:
     async def list_clients(self, offset: int = 0, limit: int = 10) -> list[Client]:
         return [Client(*row) for row in await self._rows("list_clients", offset=offset, limit=limit)]
 
-    async def update_client(self, client_id: UUID, name: str, scopes: str, is_active: bool) -> Client:
+    async def update_client(self, client_id: UUID, name: str, scopes: str, is_active: bool | None) -> Client:
+        """Change a client (revoking its tokens); is_active None keeps it as it is."""
         row = await self._one(
             "update_client",
             f'client "{client_id}" not found',
@@ -709,7 +715,7 @@ class NotificationListener:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # any failure means: reconnect
-                log.warning("notification listener disconnected: %s", exc)
+                log.warning("notification listener disconnected: %s", one_line(exc))
             finally:
                 self.connected.clear()
             lost = True

@@ -19,6 +19,14 @@ _STANDARD_ATTRS = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | 
 }
 
 
+def one_line(exc: BaseException) -> str:
+    """The gist of an error on one line: the driver's first line, without SQLAlchemy's wrapping."""
+    inner = getattr(exc, "orig", None)
+    text = str(inner if isinstance(inner, BaseException) else exc).strip()
+    first = text.splitlines()[0].strip() if text else ""
+    return first or type(exc).__name__
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, object] = {

@@ -75,7 +75,9 @@ class Settings(BaseSettings):
     api_port: int = Field(default=8000, ge=1, le=65535, description="Port the server binds")
     api_num_workers: int = Field(default=2, ge=1, le=64, description="Gunicorn worker processes")
     api_cors_origins: str = Field(default="", description="Comma-separated origins allowed by CORS")
-    max_message_bytes: int = Field(default=262144, ge=1, description="Largest message (serialised JSON)")
+    max_message_bytes: int = Field(
+        default=262144, ge=1, description="Largest message (serialised JSON: payload and attributes together)"
+    )
     max_request_bytes: int = Field(default=10485760, ge=1, description="Largest request body")
 
     # Authentication

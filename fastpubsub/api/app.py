@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
@@ -97,6 +98,15 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
     app.state.metrics = MetricsExporter(db, http_registry)
 
     errors.install(app)
+    default_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            errors.document_body_limit(default_openapi())
+        assert app.openapi_schema is not None
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     # No scope is ticked in advance: a token then carries every scope its client holds.
     docs.install(app, init_oauth={"clientId": "", "usePkceWithAuthorizationCodeGrant": False})
     # Routes are tried in order: the hot paths (consume, ack, publish) first.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -20,7 +21,7 @@ from fastpubsub.exceptions import (
     PayloadTooLargeError,
     PermissionDeniedError,
 )
-from fastpubsub.logs import request_id
+from fastpubsub.logs import one_line, request_id
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,6 @@ STATUS = {
 }
 
 DESCRIPTIONS = {
-    400: "Malformed request",
     401: "Missing, invalid, expired or revoked access token",
     403: "The token's scopes do not allow this",
     404: "No such object",
@@ -52,6 +52,22 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     from fastpubsub.api.schemas import ErrorBody
 
     return {code: {"model": ErrorBody, "description": DESCRIPTIONS[code]} for code in (*codes, 503)}
+
+
+def document_body_limit(openapi: dict[str, Any]) -> None:
+    """Add the 413 answer to every operation that takes a body (any body may exceed the request limit)."""
+    for operations in openapi.get("paths", {}).values():
+        for operation in operations.values():
+            if isinstance(operation, dict) and "requestBody" in operation:
+                operation.setdefault("responses", {}).setdefault(
+                    "413",
+                    {
+                        "description": DESCRIPTIONS[413],
+                        "content": {
+                            "application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}
+                        },
+                    },
+                )
 
 
 def status_for(exc: FastPubSubError) -> int:
@@ -73,24 +89,38 @@ async def _fastpubsub_error(request: Request, exc: Exception) -> JSONResponse:
         headers = {"WWW-Authenticate": 'Bearer error="invalid_token"'}
     elif status == 503:
         headers = {"Retry-After": "1"}
-        log.warning("database unavailable: %s", exc.__cause__ or exc)
+        # One line per failure: an outage fails every request, and each would
+        # otherwise log a driver message of several lines. The traceback is at debug.
+        cause = exc.__cause__ or exc
+        log.warning("%s %s: database unavailable: %s", request.method, request.url.path, one_line(cause))
+        log.debug("database unavailable", exc_info=exc)
     elif status == 500:
         log.error("unexpected error", exc_info=exc)
         return error_response(500, "internal error; see the server log for request " + str(request_id.get()))
     return error_response(status, exc.message, headers)
 
 
+def validation_problems(errors: Sequence[Any]) -> list[dict[str, Any]]:
+    """Validation errors as the API reports them: where, what and which kind (never the input)."""
+    return [{key: error[key] for key in ("loc", "msg", "type") if key in error} for error in errors]
+
+
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    problems = []
-    for error in exc.errors():
-        problem = {key: error[key] for key in ("loc", "msg", "type") if key in error}
-        problems.append(problem)
-    return error_response(422, problems)
+    return error_response(422, validation_problems(exc.errors()))
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 400 and isinstance(exc.__cause__, ValueError | RecursionError):
+        # FastAPI answers 400 when the JSON body is not UTF-8 (UnicodeDecodeError)
+        # or nested too deeply to parse: invalid input like any other bad JSON.
+        problem = {
+            "loc": ["body"],
+            "msg": f"the body is not valid JSON: {exc.__cause__}",
+            "type": "json_invalid",
+        }
+        return error_response(422, [problem])
     return error_response(exc.status_code, exc.detail, getattr(exc, "headers", None))
 
 
@@ -103,6 +133,8 @@ async def response_for(request: Request, exc: Exception) -> JSONResponse:
     """The error response the application's handlers give for `exc` (for code outside the router)."""
     if isinstance(exc, FastPubSubError):
         return await _fastpubsub_error(request, exc)
+    if isinstance(exc, StarletteHTTPException):
+        return await _http_error(request, exc)
     return await _unexpected_error(request, exc)
 
 

@@ -29,17 +29,25 @@ from fastpubsub.api import errors
 from fastpubsub.api.deps import get_principal
 from fastpubsub.api.routers.subscriptions import ack, consume_page
 from fastpubsub.api.routers.topics import publish
-from fastpubsub.api.schemas import ID_PATTERN
+from fastpubsub.api.schemas import (
+    DEFAULT_BATCH_SIZE,
+    ID_PATTERN,
+    MAX_BATCH_SIZE,
+    MAX_CONSUMER_ID_LENGTH,
+    MAX_IDS,
+    MAX_WAIT_SECONDS,
+)
 
 _ID = ID_PATTERN.removeprefix("^").removesuffix("$")
 _CONSUME = re.compile(rf"/subscriptions/({_ID})/messages")
 _ACK = re.compile(rf"/subscriptions/({_ID})/acks")
 _PUBLISH = re.compile(rf"/topics/({_ID})/messages")
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-_BATCH = re.compile(r"[1-9][0-9]{0,2}")
-_WAIT = re.compile(r"[0-9]{1,2}(\.[0-9]{1,6})?")
-_MAX_ACK_BODY = 64 * 1024  # 1,000 ids, the most one request may carry, fit easily
-_MAX_IDS = 1000
+# The usual spellings of the numbers (leading zeros, exponents and the like go
+# to the router); their ranges are the routes' own (schemas.MAX_*).
+_BATCH = re.compile(r"[1-9][0-9]{0,3}")
+_WAIT = re.compile(r"[0-9]{1,4}(\.[0-9]{1,6})?")
+_MAX_ACK_BODY = MAX_IDS * 64  # room for MAX_IDS ids, the most one request may carry
 
 
 class HotPaths:
@@ -65,15 +73,16 @@ class HotPaths:
         if params is None:
             return False
         consumer_id = params.get("consumer_id")
-        batch = params.get("batch_size", "10")
+        batch = params.get("batch_size", str(DEFAULT_BATCH_SIZE))
         wait = params.get("wait_seconds", "0")
         if (
             consumer_id is None
-            or not 1 <= len(consumer_id) <= 200
+            or not 1 <= len(consumer_id) <= MAX_CONSUMER_ID_LENGTH
+            or "\x00" in consumer_id
             or not _BATCH.fullmatch(batch)
-            or int(batch) > 100
+            or int(batch) > MAX_BATCH_SIZE
             or not _WAIT.fullmatch(wait)
-            or float(wait) > 30
+            or float(wait) > MAX_WAIT_SECONDS
         ):
             return False
         request = Request(scope, receive)
@@ -81,7 +90,13 @@ class HotPaths:
         try:
             await self._authorize(request, subscription_id)
             body = await consume_page(
-                state.database, state.listener, subscription_id, consumer_id, int(batch), float(wait)
+                state.database,
+                state.listener,
+                subscription_id,
+                consumer_id,
+                int(batch),
+                float(wait),
+                receive,
             )
         except Exception as exc:
             await (await errors.response_for(request, exc))(scope, receive, send)
@@ -179,7 +194,7 @@ def _id_list(body: bytes) -> list[str] | None:
         ids = orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
-    if not isinstance(ids, list) or len(ids) > _MAX_IDS:
+    if not isinstance(ids, list) or len(ids) > MAX_IDS:
         return None
     for message_id in ids:
         if not isinstance(message_id, str) or not _UUID.fullmatch(message_id):

@@ -3,11 +3,14 @@
 Counters live in each worker process; with several gunicorn workers
 (PROMETHEUS_MULTIPROC_DIR set by `fastpubsub server`) they are summed across
 workers at scrape time. Backlog gauges come straight from the database when
-scraped, so every worker reports the same, correct values.
+scraped, so every worker reports the same, correct values; while the database
+is unreachable they are left out (fastpubsub_backlog_up 0) and the rest is
+served as usual.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Iterable, Iterator
@@ -23,7 +26,11 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 
 from fastpubsub.database import Database
+from fastpubsub.exceptions import DatabaseUnavailableError
+from fastpubsub.logs import one_line
 from fastpubsub.models import SubscriptionBacklog
+
+log = logging.getLogger(__name__)
 
 PUBLISHED = Counter("fastpubsub_messages_published_total", "Messages published", ["topic"])
 CONSUMED = Counter("fastpubsub_messages_consumed_total", "Messages leased to consumers", ["subscription"])
@@ -37,10 +44,18 @@ _STATES = ("available", "delivered", "delayed", "acked", "dlq")
 
 
 class _Backlog(Collector):
-    def __init__(self, rows: Iterable[SubscriptionBacklog]) -> None:
-        self.rows = list(rows)
+    def __init__(self, rows: Iterable[SubscriptionBacklog] | None) -> None:
+        self.rows = list(rows) if rows is not None else None
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "fastpubsub_backlog_up",
+            "1 if the subscription gauges were read from the database, 0 if it was unreachable "
+            "(they are left out then)",
+            value=0 if self.rows is None else 1,
+        )
+        if self.rows is None:
+            return
         messages = GaugeMetricFamily(
             "fastpubsub_subscription_messages",
             "Messages of a subscription by state (from the database)",
@@ -68,13 +83,19 @@ class MetricsExporter:
         self.database = database
         self.http_registry = http_registry
         self.cache_seconds = cache_seconds
-        self._backlog: list[SubscriptionBacklog] = []
+        self._backlog: list[SubscriptionBacklog] | None = []
         self._fetched_at = 0.0
 
     async def render(self) -> bytes:
+        """The metrics text; without a database, everything but the backlog gauges."""
         now = time.monotonic()
         if now - self._fetched_at >= self.cache_seconds:
-            self._backlog = await self.database.all_subscription_metrics()
+            try:
+                self._backlog = await self.database.all_subscription_metrics()
+            except DatabaseUnavailableError as exc:
+                # HTTP metrics and counters are most useful during an outage: serve them.
+                log.warning("metrics: backlog gauges left out: %s", one_line(exc.__cause__ or exc))
+                self._backlog = None
             self._fetched_at = now
         registry = CollectorRegistry()
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):

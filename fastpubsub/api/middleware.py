@@ -8,9 +8,9 @@ import time
 import uuid
 
 import orjson
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fastpubsub.exceptions import PayloadTooLargeError
 from fastpubsub.logs import request_id
 
 log = logging.getLogger("fastpubsub.http")
@@ -38,18 +38,40 @@ class RequestContext:
         token = request_id.set(rid)
         started = time.perf_counter()
         status = 500
+        responding = False
 
         async def send_with_id(message: Message) -> None:
-            nonlocal status
+            nonlocal status, responding
             if message["type"] == "http.response.start":
                 status = message["status"]
+                responding = True
                 message["headers"] = [*message.get("headers", []), (b"x-request-id", rid.encode())]
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_id)
+        except Exception as exc:
+            # Here rather than in the framework's last-resort handler, which runs
+            # outside this middleware: the answer carries X-Request-ID and the log
+            # line the request id.
+            log.error("unexpected error", exc_info=exc)
+            if responding:
+                raise  # too late for an error answer: let the server drop the connection
+            body = orjson.dumps({"detail": f"internal error; see the server log for request {rid}"})
+            await send_with_id(
+                {
+                    "type": "http.response.start",
+                    "status": 500,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                    ],
+                }
+            )
+            await send_with_id({"type": "http.response.body", "body": body})
         finally:
-            level = logging.ERROR if status >= 500 else logging.DEBUG
+            # 503s are logged where they are answered (one line, see errors.py).
+            level = logging.ERROR if status >= 500 and status != 503 else logging.DEBUG
             if log.isEnabledFor(level):
                 log.log(
                     level,
@@ -85,8 +107,9 @@ class BodyLimit:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
-                    # Handled like any fastpubsub error: a 413 with a JSON detail.
-                    raise PayloadTooLargeError(f"request body is larger than {self.max_bytes} bytes")
+                    # An HTTPException, which FastAPI lets through while it reads a body
+                    # (it answers 400 for anything else): a 413 with a JSON detail.
+                    raise HTTPException(413, f"request body is larger than {self.max_bytes} bytes")
             return message
 
         await self.app(scope, limited_receive, send)

@@ -6,7 +6,18 @@ from datetime import datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
 from uuid import UUID
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    model_validator,
+)
+
+from fastpubsub import jsoncodec
+from fastpubsub.auth import MAX_SCOPES, MAX_SCOPES_LENGTH
 
 T = TypeVar("T")
 
@@ -14,9 +25,37 @@ T = TypeVar("T")
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 ID_DESCRIPTION = "1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
 
+# Limits of consume and of id lists, shared by the routes and the hot-path middleware.
+MAX_BATCH_SIZE = 100
+DEFAULT_BATCH_SIZE = 10
+MAX_WAIT_SECONDS = 30
+MAX_CONSUMER_ID_LENGTH = 200
+MAX_IDS = 1000
+
+# Attributes of an envelope publish.
+MAX_ATTRIBUTES = 64
+MAX_ATTRIBUTE_KEY_LENGTH = 256
+MAX_ATTRIBUTE_VALUE_LENGTH = 1024
+
+# Text PostgreSQL stores may hold any character but NUL.
+NO_NUL_PATTERN = r"^[^\x00]*$"
+
 ObjectId = Annotated[str, StringConstraints(pattern=ID_PATTERN), Field(description=ID_DESCRIPTION)]
-ConsumerId = Annotated[str, StringConstraints(min_length=1, max_length=200)]
-MessageIds = Annotated[list[UUID], Field(min_length=1, max_length=1000)]
+ConsumerId = Annotated[
+    str, StringConstraints(min_length=1, max_length=MAX_CONSUMER_ID_LENGTH, pattern=NO_NUL_PATTERN)
+]
+MessageIds = Annotated[list[UUID], Field(min_length=1, max_length=MAX_IDS)]
+
+
+def _finite(value: Any) -> Any:
+    if jsoncodec.non_finite(value):
+        raise ValueError("numbers must be finite: NaN and Infinity are not JSON")
+    return value
+
+
+# A JSON object whose numbers are all finite (Python's JSON parser reads NaN,
+# Infinity and 1e400, which would otherwise be stored as null).
+JsonObject = Annotated[dict[str, Any], AfterValidator(_finite)]
 
 
 class Body(BaseModel):
@@ -45,7 +84,7 @@ class TopicOut(BaseModel):
 class SubscriptionCreate(Body):
     id: ObjectId
     topic_id: ObjectId
-    filter: dict[str, Any] | None = Field(
+    filter: JsonObject | None = Field(
         default=None,
         description='Messages to deliver, e.g. {"country": ["BR", "US"]}; null or {} delivers everything',
         examples=[{"country": ["BR", "US"]}],
@@ -82,9 +121,18 @@ class MessageOut(BaseModel):
 class PublishMessage(Body):
     """One message of an envelope publish; only `payload` is required."""
 
-    payload: dict[str, Any]
-    attributes: dict[str, Annotated[str, StringConstraints(max_length=1024)]] | None = Field(
-        default=None, max_length=64, description="String map returned with each consumed message"
+    payload: JsonObject
+    attributes: (
+        dict[
+            Annotated[str, StringConstraints(min_length=1, max_length=MAX_ATTRIBUTE_KEY_LENGTH)],
+            Annotated[str, StringConstraints(max_length=MAX_ATTRIBUTE_VALUE_LENGTH)],
+        ]
+        | None
+    ) = Field(
+        default=None,
+        max_length=MAX_ATTRIBUTES,
+        description=f"String map returned with each consumed message: at most {MAX_ATTRIBUTES} keys of "
+        f"1-{MAX_ATTRIBUTE_KEY_LENGTH} characters, values up to {MAX_ATTRIBUTE_VALUE_LENGTH} characters",
     )
     idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = Field(
         default=None,
@@ -134,7 +182,7 @@ class PublishResponse(BaseModel):
 class SubscriptionUpdate(Body):
     """The fields to change; leave out what stays. `filter: null` removes the filter."""
 
-    filter: dict[str, Any] | None = Field(
+    filter: JsonObject | None = Field(
         default=None, examples=[{"user.country": ["BR"], "amount": {"$gte": 100}}]
     )
     max_delivery_attempts: int | None = Field(default=None, ge=1, le=1000)
@@ -164,21 +212,31 @@ class MetricsOut(BaseModel):
     subscription_id: str
     available: int = Field(description="Deliverable now")
     delivered: int = Field(description="Leased to a consumer (in flight)")
-    delayed: int = Field(description="Waiting for a retry backoff to end")
+    delayed: int = Field(
+        description="Not deliverable yet: published with delay_seconds / deliver_at, or waiting for a "
+        "retry backoff to end"
+    )
     acked: int = Field(description="Acked and not cleaned up yet")
     dlq: int = Field(description="Dead-lettered")
     oldest_available_age_seconds: float = Field(description="Age of the oldest deliverable message")
 
 
 # -- clients and tokens -------------------------------------------------------
-class ClientCreate(Body):
-    name: Annotated[str, StringConstraints(min_length=1, max_length=200)]
-    scopes: str = Field(description="Space-separated scopes, e.g. 'topics:publish:orders subscriptions:read'")
+class _ClientFields(Body):
+    name: Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=NO_NUL_PATTERN)]
+    scopes: str = Field(
+        max_length=MAX_SCOPES_LENGTH,
+        description=f"Space-separated scopes, e.g. 'topics:publish:orders subscriptions:read' "
+        f"(at most {MAX_SCOPES} scopes, {MAX_SCOPES_LENGTH} characters)",
+    )
+
+
+class ClientCreate(_ClientFields):
     is_active: bool = True
 
 
-class ClientUpdate(ClientCreate):
-    pass
+class ClientUpdate(_ClientFields):
+    is_active: bool | None = Field(default=None, description="Left out: unchanged")
 
 
 class ClientCreated(BaseModel):
@@ -197,6 +255,9 @@ class ClientOut(BaseModel):
 
 
 class TokenRequest(Body):
+    grant_type: Annotated[str, StringConstraints(max_length=64)] | None = Field(
+        default=None, description="Optional; if given, `client_credentials` (the only grant supported)"
+    )
     client_id: UUID
     client_secret: Annotated[str, StringConstraints(min_length=1, max_length=512)]
 

@@ -51,7 +51,7 @@ JOIN fastpubsub.topics AS t ON t.key = s.topic_key
 SELECT replayed, acked FROM fastpubsub.seek(:subscription_id, :time)
 
 -- leases_held --
-SELECT d.message_id
+SELECT d.message_id, extract(epoch FROM d.lease_until - now())::double precision AS seconds
 FROM fastpubsub.deliveries AS d
 JOIN fastpubsub.subscriptions AS s ON s.key = d.subscription_key
 WHERE s.id = :subscription_id AND d.message_id = ANY (CAST(:ids AS uuid[]))
@@ -142,8 +142,9 @@ SELECT id, name, scopes, is_active, token_version, created_at, updated_at
 FROM fastpubsub.clients ORDER BY created_at, id OFFSET :offset LIMIT :limit
 
 -- update_client --
+-- is_active NULL keeps the current value.
 UPDATE fastpubsub.clients
-SET name = :name, scopes = :scopes, is_active = :is_active,
+SET name = :name, scopes = :scopes, is_active = coalesce(CAST(:is_active AS boolean), is_active),
     token_version = token_version + 1, updated_at = now()
 WHERE id = :id
 RETURNING id, name, scopes, is_active, token_version, created_at, updated_at

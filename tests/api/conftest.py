@@ -13,6 +13,7 @@ import pytest
 
 from fastpubsub import auth
 from fastpubsub.api.app import create_app
+from fastpubsub.api.hotpaths import HotPaths
 from fastpubsub.database import Database
 from fastpubsub.settings import Settings
 
@@ -41,6 +42,18 @@ async def make_api(database_url: str) -> AsyncIterator[ClientFactory]:
             return client
 
         yield factory
+
+
+async def fast_and_routed(
+    make_api: ClientFactory, **overrides: Any
+) -> tuple[httpx.AsyncClient, httpx.AsyncClient]:
+    """Two applications on the same database: the normal one, and one without the hot-path middleware."""
+    fast = await make_api(**overrides)
+    routed = await make_api(**overrides)
+    app = routed.app  # type: ignore[attr-defined]
+    app.user_middleware = [m for m in app.user_middleware if m.cls is not HotPaths]
+    app.middleware_stack = app.build_middleware_stack()
+    return fast, routed
 
 
 @pytest.fixture

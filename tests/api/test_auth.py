@@ -374,3 +374,81 @@ async def test_token_endpoint_with_auth_disabled(api: httpx.AsyncClient) -> None
     response = await api.post("/oauth/token", json={"client_id": str(uuid.uuid4()), "client_secret": "x"})
     assert response.status_code == 422
     assert "authentication is disabled" in response.json()["detail"]
+
+
+async def test_managing_a_client_requires_holding_its_scopes(
+    secured: httpx.AsyncClient, database_url: str, bearer: Bearer
+) -> None:
+    """clients:update/delete alone must not reach a client with more power (e.g. an admin)."""
+    manager = await bearer("clients:update clients:delete topics:read")
+    admin_id, admin_secret = await create_client_record(database_url, "*")
+    peer_id, _ = await create_client_record(database_url, "topics:read")
+    rotated = await secured.post(f"/clients/{admin_id}/secret", headers=manager)
+    assert rotated.status_code == 403
+    assert "secret" not in rotated.json()
+    assert "detail" in rotated.json()
+    update = await secured.put(
+        f"/clients/{admin_id}", json={"name": "mine", "scopes": "topics:read"}, headers=manager
+    )
+    assert update.status_code == 403
+    assert (await secured.delete(f"/clients/{admin_id}", headers=manager)).status_code == 403
+    # The admin client is untouched: its secret still works and it keeps its scopes.
+    await token_for(secured, admin_id, admin_secret)
+    admin = {"Authorization": f"Bearer {await token_for(secured, admin_id, admin_secret)}"}
+    assert (await secured.get(f"/clients/{admin_id}", headers=admin)).json()["scopes"] == "*"
+    # A client whose scopes the manager holds can still be managed.
+    assert (await secured.post(f"/clients/{peer_id}/secret", headers=manager)).status_code == 200
+    assert (
+        await secured.put(f"/clients/{peer_id}", json={"name": "p", "scopes": "topics:read"}, headers=manager)
+    ).status_code == 200
+    assert (await secured.delete(f"/clients/{peer_id}", headers=manager)).status_code == 204
+    # An admin may manage anyone.
+    other_admin_id, _ = await create_client_record(database_url, "*")
+    assert (await secured.post(f"/clients/{other_admin_id}/secret", headers=admin)).status_code == 200
+
+
+async def test_updating_a_client_without_is_active_leaves_it_unchanged(
+    secured: httpx.AsyncClient, database_url: str, bearer: Bearer
+) -> None:
+    admin = await bearer("*")
+    client_id, secret = await create_client_record(database_url, "topics:read", is_active=False)
+    response = await secured.put(
+        f"/clients/{client_id}", json={"name": "renamed", "scopes": "topics:read"}, headers=admin
+    )
+    assert response.status_code == 200
+    assert (response.json()["name"], response.json()["is_active"]) == ("renamed", False)
+    denied = await secured.post("/oauth/token", json={"client_id": client_id, "client_secret": secret})
+    assert denied.status_code == 401
+    enabled = await secured.put(
+        f"/clients/{client_id}",
+        json={"name": "renamed", "scopes": "topics:read", "is_active": True},
+        headers=admin,
+    )
+    assert enabled.json()["is_active"] is True
+    await token_for(secured, client_id, secret)
+
+
+async def test_client_scopes_are_limited_in_count_and_length(
+    secured: httpx.AsyncClient, bearer: Bearer
+) -> None:
+    admin = await bearer("*")
+    many = " ".join(f"topics:publish:t{i}" for i in range(40_000))
+    for scopes in (many, "topics:read " * 5000):
+        response = await secured.post("/clients", json={"name": "x", "scopes": scopes}, headers=admin)
+        assert response.status_code == 422
+        assert "detail" in response.json()
+
+
+async def test_json_token_request_may_name_the_client_credentials_grant(
+    secured: httpx.AsyncClient, database_url: str
+) -> None:
+    client_id, secret = await create_client_record(database_url, "topics:read")
+    body = {"grant_type": "client_credentials", "client_id": client_id, "client_secret": secret}
+    response = await secured.post("/oauth/token", json=body)
+    assert response.status_code == 201, response.text
+    assert response.json()["scope"] == "topics:read"
+    for grant_type in ("password", "authorization_code", ""):
+        refused = await secured.post("/oauth/token", json={**body, "grant_type": grant_type})
+        assert refused.status_code == 400
+        assert refused.json()["error"] == "unsupported_grant_type"
+        assert refused.json()["detail"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -216,3 +217,41 @@ async def test_openapi_shows_an_example_of_each_addition(api: httpx.AsyncClient)
     schemas = spec["components"]["schemas"]
     assert schemas["PublishRequest"]["examples"][0]["messages"][0]["idempotency_key"]
     assert schemas["SubscriptionUpdate"]["properties"]["filter"]["examples"]
+    stream_ok = paths["/subscriptions/{subscription_id}/stream"]["get"]["responses"]["200"]
+    example = stream_ok["content"]["text/event-stream"]["example"]
+    assert example.startswith("event: message\nid: ")
+    event = json.loads(example.split("data: ", 1)[1].split("\n", 1)[0])
+    assert {"id", "payload", "attributes", "priority", "delivery_attempts"} <= set(event)
+    assert "keep-alive" in stream_ok["description"] or "keep-alive" in example
+    assert "delay" in schemas["MetricsOut"]["properties"]["delayed"]["description"]
+
+
+async def test_publish_size_limit_counts_payload_and_attributes(make_api: ClientFactory) -> None:
+    api = await make_api(max_message_bytes=300)
+    await setup(api)
+    payload = {"v": "x" * 150}
+    attributes = {"a": "y" * 100, "b": "z" * 100}
+    refused = await api.post(
+        "/topics/t/publish",
+        json={"messages": [{"payload": {}}, {"payload": payload, "attributes": attributes}]},
+    )
+    assert refused.status_code == 413
+    assert "message at index 1" in refused.json()["detail"]
+    assert (await api.get("/subscriptions/s/metrics")).json()["available"] == 0
+    fits = {"payload": payload, "attributes": {"a": "y" * 50}}
+    assert (await api.post("/topics/t/publish", json={"messages": [fits]})).status_code == 201
+
+
+@pytest.mark.parametrize(
+    "attributes",
+    [{"k" * 257: "v"}, {"": "v"}, {"k": "v" * 1025}, {f"k{i}": "v" for i in range(65)}],
+    ids=["long key", "empty key", "long value", "too many"],
+)
+async def test_attribute_sizes_are_limited(api: httpx.AsyncClient, attributes: dict) -> None:
+    await setup(api)
+    response = await api.post(
+        "/topics/t/publish", json={"messages": [{"payload": {}, "attributes": attributes}]}
+    )
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["loc"][:4] == ["body", "messages", 0, "attributes"]
+    assert (await api.get("/subscriptions/s/metrics")).json()["available"] == 0

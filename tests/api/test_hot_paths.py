@@ -14,19 +14,9 @@ import orjson
 import pytest
 
 from fastpubsub.api import hotpaths
-from fastpubsub.api.hotpaths import HotPaths
-from tests.api.conftest import ClientFactory, create_client_record, token_for
+from tests.api.conftest import ClientFactory, create_client_record, fast_and_routed, token_for
 
 JSON_TYPE = "application/json"
-
-
-async def _pair(make_api: ClientFactory, **overrides: Any) -> tuple[httpx.AsyncClient, httpx.AsyncClient]:
-    fast = await make_api(**overrides)
-    routed = await make_api(**overrides)
-    app = routed.app  # type: ignore[attr-defined]
-    app.user_middleware = [m for m in app.user_middleware if m.cls is not HotPaths]
-    app.middleware_stack = app.build_middleware_stack()
-    return fast, routed
 
 
 def _answer(response: httpx.Response) -> tuple[int, bytes, str | None, str | None]:
@@ -40,7 +30,7 @@ def _answer(response: httpx.Response) -> tuple[int, bytes, str | None, str | Non
 
 @pytest.fixture
 async def pair(make_api: ClientFactory) -> tuple[httpx.AsyncClient, httpx.AsyncClient]:
-    fast, routed = await _pair(make_api)
+    fast, routed = await fast_and_routed(make_api)
     await fast.post("/topics", json={"id": "t"})
     for sub in ("a", "b"):
         await fast.post("/subscriptions", json={"id": sub, "topic_id": "t", "max_delivery_attempts": 2})
@@ -150,7 +140,7 @@ PUBLISH_CASES = [
 async def test_publish_errors_match(
     make_api: ClientFactory, path: str, body: bytes, content_type: str
 ) -> None:
-    fast, routed = await _pair(make_api, max_message_bytes=200)
+    fast, routed = await fast_and_routed(make_api, max_message_bytes=200)
     await fast.post("/topics", json={"id": "t"})
     await fast.post("/subscriptions", json={"id": "a", "topic_id": "t"})
     headers = {"content-type": content_type}
@@ -212,7 +202,7 @@ async def test_ack_errors_match(
 
 
 async def test_authentication_and_scopes_match(make_api: ClientFactory, database_url: str) -> None:
-    fast, routed = await _pair(make_api, auth_enabled=True, auth_client_cache_seconds=0)
+    fast, routed = await fast_and_routed(make_api, auth_enabled=True, auth_client_cache_seconds=0)
     admin_id, admin_secret = await create_client_record(database_url, "*")
     admin = {"Authorization": f"Bearer {await token_for(fast, admin_id, admin_secret)}"}
     await fast.post("/topics", json={"id": "t"}, headers=admin)

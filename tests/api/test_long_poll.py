@@ -7,8 +7,11 @@ import time
 
 import httpx
 import psycopg
+import pytest
 
 from fastpubsub.database import libpq_url
+from tests.api.asgi import Exchange
+from tests.api.conftest import ClientFactory, fast_and_routed
 
 
 async def setup(api: httpx.AsyncClient, **subscription: object) -> None:
@@ -92,3 +95,82 @@ async def test_the_listener_reconnects_after_losing_its_connection(
     elapsed, data = await waiting
     assert len(data) == 1
     assert elapsed < 3
+
+
+@pytest.mark.parametrize("served_by", ["hot path", "router"])
+async def test_a_consumer_that_went_away_gets_nothing_leased(make_api: ClientFactory, served_by: str) -> None:
+    fast, routed = await fast_and_routed(make_api)
+    api = fast if served_by == "hot path" else routed
+    await setup(api)
+    started = time.monotonic()
+    gone = Exchange(api.app, "/subscriptions/s/messages", {"consumer_id": "gone", "wait_seconds": 10})  # type: ignore[attr-defined]
+    await asyncio.sleep(0.5)
+    gone.hang_up()
+    await asyncio.sleep(0.5)
+    assert (await api.post("/topics/t/messages", json=[{"n": 1}])).status_code == 204
+    async with asyncio.timeout(5):
+        await gone.task  # it stopped waiting when the client left, not at the end of its 10 s
+    assert time.monotonic() - started < 5
+    metrics = (await api.get("/subscriptions/s/metrics")).json()
+    assert (metrics["available"], metrics["delivered"]) == (1, 0)  # not leased to nobody
+    data = (await api.get("/subscriptions/s/messages", params={"consumer_id": "w"})).json()["data"]
+    assert [(m["payload"], m["delivery_attempts"]) for m in data] == [({"n": 1}, 1)]
+
+
+async def test_a_message_delayed_during_the_wait_is_not_missed(api: httpx.AsyncClient) -> None:
+    """Even with no notification for a delayed publish, the wait ends with a last look."""
+    await setup(api, ack_deadline_seconds=60)
+    await api.post("/topics/t/messages", json=[{"n": 0}])
+    leased = await api.get("/subscriptions/s/messages", params={"consumer_id": "other"})
+    assert len(leased.json()["data"]) == 1  # in flight: the next thing due is its lease, a minute away
+    waiting = asyncio.create_task(long_poll(api, 3))
+    await asyncio.sleep(0.3)
+    published = await api.post(
+        "/topics/t/publish", json={"messages": [{"payload": {"n": 1}, "delay_seconds": 1}]}
+    )
+    assert published.status_code == 201
+    elapsed, data = await waiting
+    assert [m["payload"] for m in data] == [{"n": 1}]
+    assert elapsed < 4
+
+
+async def test_a_wake_up_looks_again_when_the_next_message_is_due(
+    api: httpx.AsyncClient, database_url: str
+) -> None:
+    """A notification for a delayed message (as publish and nack send) makes the waiter re-read next_due."""
+    await setup(api)
+    waiting = asyncio.create_task(long_poll(api, 10))
+    await asyncio.sleep(0.3)
+    await api.post("/topics/t/publish", json={"messages": [{"payload": {"n": 1}, "delay_seconds": 1.5}]})
+    with psycopg.connect(libpq_url(database_url), autocommit=True) as conn:
+        conn.execute("SELECT pg_notify('fastpubsub', 's')")
+    elapsed, data = await waiting
+    assert [m["payload"] for m in data] == [{"n": 1}]
+    assert 1.5 < elapsed < 5  # when it became due, long before the wait ended
+
+
+async def test_a_message_delayed_before_the_wait_wakes_it_when_due(api: httpx.AsyncClient) -> None:
+    await setup(api)
+    await api.post("/topics/t/publish", json={"messages": [{"payload": {"n": 1}, "delay_seconds": 1}]})
+    elapsed, data = await long_poll(api, 10)
+    assert [m["payload"] for m in data] == [{"n": 1}]
+    assert 0.8 < elapsed < 5
+
+
+async def test_a_waiting_consumer_does_not_spin(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever next_due answers ("due now" included), a wait that keeps finding nothing backs off."""
+    await setup(api)
+    database = api.app.state.database  # type: ignore[attr-defined]
+    real = database._rows
+    ran: list[str] = []
+
+    async def counting(query: str, /, **params: object) -> object:
+        ran.append(query)
+        return await real(query, **params)
+
+    monkeypatch.setattr(database, "_rows", counting)
+    elapsed, data = await long_poll(api, 2.5)
+    assert data == []
+    assert len(ran) <= 40, f"{len(ran)} queries in {elapsed:.1f} s"

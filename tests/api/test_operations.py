@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import io
+import json
+import logging
 import re
+from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from fastpubsub.api.app import create_app
 from fastpubsub.embedded import free_port
+from fastpubsub.logs import JsonFormatter
 from fastpubsub.settings import Settings
 from tests.api.conftest import ClientFactory
 
@@ -42,7 +47,6 @@ async def no_database() -> httpx.AsyncClient:
         ("GET", "/subscriptions/s/messages?consumer_id=w&wait_seconds=1", None),
         ("POST", "/subscriptions/s/acks", ["00000000-0000-7000-8000-000000000000"]),
         ("GET", "/subscriptions/s/metrics", None),
-        ("GET", "/metrics", None),
     ],
 )
 async def test_without_a_database_answers_are_503_with_detail(
@@ -52,6 +56,18 @@ async def test_without_a_database_answers_are_503_with_detail(
     assert response.status_code == 503
     assert response.json() == {"detail": "the database is unavailable; retry shortly"}
     assert response.headers["retry-after"] == "1"
+
+
+async def test_metrics_are_served_without_a_database(no_database: httpx.AsyncClient) -> None:
+    assert (await no_database.get("/topics")).status_code == 503
+    response = await no_database.get("/metrics")
+    assert response.status_code == 200
+    text = response.text
+    assert 'http_requests_total{handler="/topics",method="GET",status="503"} 1.0' in text
+    assert "# TYPE fastpubsub_messages_published_total counter" in text
+    assert "fastpubsub_backlog_up 0.0" in text  # the database-derived gauges are left out, and said to be
+    assert "fastpubsub_subscription_messages{" not in text
+    assert (await no_database.get("/metrics")).status_code == 200
 
 
 async def test_readiness_is_503_without_a_database(no_database: httpx.AsyncClient) -> None:
@@ -80,6 +96,7 @@ async def test_prometheus_metrics(api: httpx.AsyncClient) -> None:
     assert 'fastpubsub_subscription_messages{state="acked",subscription="s",topic="t"} 1.0' in text
     assert 'fastpubsub_subscription_messages{state="delayed",subscription="s",topic="t"} 1.0' in text
     assert 'fastpubsub_subscription_oldest_available_age_seconds{subscription="s",topic="t"}' in text
+    assert "fastpubsub_backlog_up 1.0" in text
     assert 'http_requests_total{handler="/topics/{topic_id}/messages",method="POST",status="204"}' in text
     assert "http_request_duration_seconds" in text
 
@@ -110,7 +127,15 @@ async def test_openapi_documents_every_endpoint(api: httpx.AsyncClient) -> None:
             if path.startswith(("/topics", "/subscriptions", "/clients")):
                 assert {"401", "403", "422"} <= set(operation["responses"]), (method, path)
                 assert operation.get("security"), (method, path)
+            if "requestBody" in operation:
+                assert "413" in operation["responses"], (method, path)
+            if "400" in operation["responses"]:
+                assert path == "/oauth/token", (method, path)  # its RFC 6749 errors; nothing else gives 400
     assert len(operation_ids) == len(set(operation_ids))
+    token = spec["paths"]["/oauth/token"]["post"]["responses"]
+    for status in ("200", "201"):
+        schema = token[status]["content"]["application/json"]["schema"]
+        assert schema == {"$ref": "#/components/schemas/TokenOut"}, status
     assert {"publish_messages", "consume_messages", "ack_messages", "issue_token", "extend_leases"} <= set(
         operation_ids
     )
@@ -177,3 +202,67 @@ async def test_cors_is_off_by_default_and_configurable(make_api: ClientFactory) 
     opened = await make_api(api_cors_origins="http://a")
     allowed = await opened.get("/liveness", headers={"Origin": "http://a"})
     assert allowed.headers["access-control-allow-origin"] == "http://a"
+
+
+@pytest.fixture
+def json_log() -> Iterator[io.StringIO]:
+    """What the application logs, formatted as in production (JSON lines with the request id)."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        yield stream
+    finally:
+        root.removeHandler(handler)
+
+
+def log_entries(stream: io.StringIO) -> list[dict]:
+    return [json.loads(line) for line in stream.getvalue().splitlines() if line.startswith("{")]
+
+
+async def test_an_unexpected_error_answers_json_500_with_the_request_id(
+    api: httpx.AsyncClient, json_log: io.StringIO
+) -> None:
+    async def broken() -> None:
+        raise RuntimeError("something nobody expected")
+
+    api.app.add_api_route("/broken-for-this-test", broken)  # type: ignore[attr-defined]
+    response = await api.get("/broken-for-this-test", headers={"X-Request-ID": "req-500"})
+    assert response.status_code == 500
+    assert response.headers["x-request-id"] == "req-500"
+    assert response.headers["content-type"] == "application/json"
+    assert response.json() == {"detail": "internal error; see the server log for request req-500"}
+    errors = [e for e in log_entries(json_log) if e["level"] == "error"]
+    assert errors, "the error was not logged"
+    assert all(e.get("request_id") == "req-500" for e in errors)
+    assert any("something nobody expected" in e.get("exception", "") for e in errors)
+    # The server goes on answering.
+    assert (await api.get("/liveness")).status_code == 200
+
+
+async def test_each_503_logs_one_warning_line_and_a_traceback_only_at_debug(
+    no_database: httpx.AsyncClient, json_log: io.StringIO
+) -> None:
+    root = logging.getLogger()
+    level = root.level
+    try:
+        root.setLevel(logging.INFO)
+        for path in ("/topics", "/subscriptions/s/messages?consumer_id=w"):  # router, hot path
+            json_log.truncate(0)
+            json_log.seek(0)
+            assert (await no_database.get(path)).status_code == 503
+            entries = [e for e in log_entries(json_log) if e["logger"].startswith("fastpubsub.api")]
+            entries += [e for e in log_entries(json_log) if e["logger"] == "fastpubsub.http"]
+            assert [e["level"] for e in entries] == ["warning"], entries
+            assert "\n" not in entries[0]["message"]
+            assert "exception" not in entries[0]
+            assert entries[0]["request_id"]
+        root.setLevel(logging.DEBUG)
+        json_log.truncate(0)
+        json_log.seek(0)
+        assert (await no_database.get("/topics")).status_code == 503
+        assert any("exception" in e and e["level"] == "debug" for e in log_entries(json_log))
+    finally:
+        root.setLevel(level)

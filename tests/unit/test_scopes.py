@@ -58,3 +58,14 @@ def test_secrets_hash_and_verify() -> None:
     assert not auth.verify_secret(secret + "x", hashed)
     assert not auth.verify_secret(secret, None)
     assert not auth.verify_secret(secret, "not a hash")
+
+
+def test_parse_scopes_limits_how_many_and_how_long() -> None:
+    most = " ".join(f"topics:publish:t{i}" for i in range(auth.MAX_SCOPES))
+    assert len(auth.parse_scopes(most + " topics:publish:t0")) == auth.MAX_SCOPES  # duplicates are free
+    with pytest.raises(InvalidInputError, match="at most"):
+        auth.parse_scopes(most + " topics:publish:one-more")
+    with pytest.raises(InvalidInputError, match="at most"):
+        auth.parse_scopes(" ".join(f"topics:read:t{i}" for i in range(40_000)))
+    with pytest.raises(InvalidInputError, match="characters"):
+        auth.parse_scopes("topics:read " * (auth.MAX_SCOPES_LENGTH // 12 + 1))

@@ -10,9 +10,10 @@ from uuid import UUID
 from fastapi import APIRouter, Path, Query, Request, Response
 
 from fastpubsub import auth
-from fastpubsub.api.deps import DatabaseDep, PrincipalDep
+from fastpubsub.api.deps import DatabaseDep, Principal, PrincipalDep
 from fastpubsub.api.errors import error_responses
 from fastpubsub.api.schemas import ClientCreate, ClientCreated, ClientOut, ClientUpdate, Page
+from fastpubsub.database import Database
 from fastpubsub.models import Client
 
 router = APIRouter(prefix="/clients", tags=["clients"])
@@ -30,6 +31,14 @@ def _out(c: Client) -> ClientOut:
         created_at=c.created_at,
         updated_at=c.updated_at,
     )
+
+
+async def _require_reach(principal: Principal, database: Database, client_id: UUID) -> None:
+    """Changing a client needs every scope it holds: else rotating an admin's secret makes an admin."""
+    if auth.ADMIN_SCOPE in principal.scopes:
+        return
+    target = await database.get_client(client_id)
+    auth.require_covered(principal.scopes, tuple(target.scopes.split()), action="manage a client with")
 
 
 @router.post(
@@ -71,6 +80,8 @@ async def get_client(client_id: ClientId, database: DatabaseDep, principal: Prin
 @router.put(
     "/{client_id}",
     summary="Update a client (revokes its earlier tokens)",
+    description="The caller must hold every scope the client holds now and every scope it is given, "
+    "unless it is admin (`*`). Leaving out `is_active` keeps it as it is.",
     responses=error_responses(401, 403, 404, 422),
 )
 async def update_client(
@@ -79,6 +90,7 @@ async def update_client(
     principal.require("clients:update", str(client_id))
     scopes = auth.parse_scopes(body.scopes)
     auth.require_covered(principal.scopes, scopes)
+    await _require_reach(principal, database, client_id)
     client = await database.update_client(client_id, body.name, " ".join(scopes), body.is_active)
     request.app.state.client_cache.forget(client_id)
     return _out(client)
@@ -87,12 +99,14 @@ async def update_client(
 @router.post(
     "/{client_id}/secret",
     summary="Rotate a client's secret (revokes its earlier tokens; the new secret is shown once)",
+    description="The caller must hold every scope the client holds, unless it is admin (`*`).",
     responses=error_responses(401, 403, 404, 422),
 )
 async def rotate_client_secret(
     client_id: ClientId, request: Request, database: DatabaseDep, principal: PrincipalDep
 ) -> ClientCreated:
     principal.require("clients:update", str(client_id))
+    await _require_reach(principal, database, client_id)
     secret = auth.generate_secret()
     secret_hash = await asyncio.to_thread(auth.hash_secret, secret)
     await database.update_client_secret(client_id, secret_hash)
@@ -104,12 +118,14 @@ async def rotate_client_secret(
     "/{client_id}",
     status_code=204,
     summary="Delete a client (revokes its tokens)",
+    description="The caller must hold every scope the client holds, unless it is admin (`*`).",
     responses=error_responses(401, 403, 404, 422),
 )
 async def delete_client(
     client_id: ClientId, request: Request, database: DatabaseDep, principal: PrincipalDep
 ) -> Response:
     principal.require("clients:delete", str(client_id))
+    await _require_reach(principal, database, client_id)
     await database.delete_client(client_id)
     request.app.state.client_cache.forget(client_id)
     return Response(status_code=204)

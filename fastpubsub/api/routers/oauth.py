@@ -9,19 +9,20 @@ from typing import Any
 from urllib.parse import parse_qs, unquote_plus
 from uuid import UUID
 
-import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from fastpubsub import auth
 from fastpubsub.api.deps import DatabaseDep, SettingsDep
+from fastpubsub.api.errors import error_response, validation_problems
 from fastpubsub.api.schemas import ErrorBody, TokenOut, TokenRequest
 from fastpubsub.exceptions import InvalidInputError, PermissionDeniedError
 from fastpubsub.settings import Settings
 
 router = APIRouter(tags=["auth"])
 
+_UNSUPPORTED_GRANT = "only grant_type=client_credentials is supported"
 _NO_STORE = {"Cache-Control": "no-store", "Pragma": "no-cache"}
 _TOKEN_BODY = {
     "required": True,
@@ -110,7 +111,8 @@ async def _authenticate(
     summary="Exchange client credentials for an access token",
     description=(
         "Two forms:\n\n"
-        "* the JSON body `{client_id, client_secret}` answers **201**;\n"
+        "* the JSON body `{client_id, client_secret}` (with, optionally, "
+        '`"grant_type": "client_credentials"`) answers **201**;\n'
         "* the OAuth2 form `grant_type=client_credentials` (RFC 6749 §4.4), with the credentials in "
         "the form or in HTTP Basic, answers **200**, with RFC 6749 error bodies "
         '(`{"error": "invalid_client"}`). This is what the Swagger UI "Authorize" dialog sends.'
@@ -119,6 +121,7 @@ async def _authenticate(
     openapi_extra={"requestBody": _TOKEN_BODY},
     responses={
         200: {"model": TokenOut, "description": "Token (OAuth2 form request)"},
+        201: {"model": TokenOut, "description": "Token (JSON request)"},
         400: {"model": ErrorBody, "description": "invalid_request, unsupported_grant_type or invalid_scope"},
         401: {"model": ErrorBody, "description": "invalid_client: unknown client, disabled or wrong secret"},
         415: {"model": ErrorBody, "description": "Neither JSON nor a form"},
@@ -138,8 +141,9 @@ async def issue_token(request: Request, database: DatabaseDep, settings: Setting
             try:
                 data = TokenRequest.model_validate_json(body or b"null")
             except ValidationError as exc:
-                errors = orjson.loads(exc.json(include_url=False, include_context=False))
-                return JSONResponse({"detail": errors}, status_code=422)
+                return error_response(422, validation_problems(exc.errors(include_url=False)))
+            if data.grant_type is not None and data.grant_type != "client_credentials":
+                raise OAuthError(400, "unsupported_grant_type", _UNSUPPORTED_GRANT)
             token = await _authenticate(
                 database, settings, str(data.client_id), data.client_secret, None, basic=False
             )
@@ -161,7 +165,7 @@ async def _form_grant(request: Request, body: bytes, database: Any, settings: Se
     if not grant_type:
         raise OAuthError(400, "invalid_request", "grant_type is required")
     if grant_type != "client_credentials":
-        raise OAuthError(400, "unsupported_grant_type", "only grant_type=client_credentials is supported")
+        raise OAuthError(400, "unsupported_grant_type", _UNSUPPORTED_GRANT)
     basic = _basic_credentials(request.headers.get("authorization", ""))
     in_body = fields.get("client_id") is not None or fields.get("client_secret") is not None
     if basic and in_body:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import orjson
 from fastapi import APIRouter, Path, Query, Request, Response
 
+from fastpubsub import jsoncodec
 from fastpubsub.api.deps import DatabaseDep, PrincipalDep, SettingsDep
 from fastpubsub.api.errors import error_responses
 from fastpubsub.api.metrics import PUBLISHED
@@ -87,12 +87,12 @@ def check_message_sizes(body: bytes, max_message_bytes: int) -> None:
     if len(body) <= max_message_bytes:
         return
     try:
-        messages: Any = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
+        messages: Any = jsoncodec.loads(body)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise InvalidInputError(f"the body is not valid JSON: {exc}") from exc
     if isinstance(messages, list):
         for index, message in enumerate(messages):
-            size = len(orjson.dumps(message))
+            size = len(jsoncodec.dumps(message))
             if size > max_message_bytes:
                 raise PayloadTooLargeError(
                     f"message at index {index} is {size} bytes, above the limit of {max_message_bytes}; "
@@ -152,7 +152,11 @@ async def publish_with_options(
     principal.require("topics:publish", topic_id)
     envelopes = [message.model_dump(mode="json", exclude_none=True) for message in body.messages]
     for index, envelope in enumerate(envelopes):
-        size = len(orjson.dumps(envelope["payload"]))
+        # What each message stores and delivers: its payload and its attributes.
+        attributes = envelope.get("attributes")
+        size = len(jsoncodec.dumps(envelope["payload"])) + (
+            len(jsoncodec.dumps(attributes)) if attributes else 0
+        )
         if size > settings.max_message_bytes:
             raise PayloadTooLargeError(
                 f"message at index {index} is {size} bytes, above the limit of {settings.max_message_bytes}; "

@@ -1,0 +1,98 @@
+"""JSON in and out through orjson, without ever altering a value.
+
+orjson is several times faster than the json module, but it handles integers
+only within 64 bits: it refuses to write bigger ones (TypeError) and reads
+them as floats, rounding them. JSON and PostgreSQL's jsonb have no such limit,
+so values beyond it go through the json module instead, which keeps them
+exact. Everything else takes the fast path.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+import orjson
+
+# Any integer orjson could round has at least 19 digits (2**63 has 19).
+_LONG_DIGITS = re.compile(rb"\d{19}")
+_LONG_DIGITS_TEXT = re.compile(r"\d{19}")
+
+
+def loads(data: bytes | bytearray | memoryview | str) -> Any:
+    """Parse JSON, keeping integers of any size exact."""
+    pattern = _LONG_DIGITS_TEXT if isinstance(data, str) else _LONG_DIGITS
+    if pattern.search(data):  # type: ignore[arg-type]  # memoryview works as a buffer
+        return json.loads(data if isinstance(data, str | bytes | bytearray) else bytes(data))
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        # orjson refuses a few things the json module reads (1e400, NaN): let
+        # it decide, so that callers see one behaviour.
+        return json.loads(data if isinstance(data, str | bytes | bytearray) else bytes(data))
+
+
+def dumps(value: Any, option: int = 0) -> bytes:
+    """Serialize like orjson.dumps(value, option=option), integers of any size included."""
+    try:
+        return orjson.dumps(value, option=option)
+    except TypeError:
+        if not _has_big_int(value):
+            raise
+    utc_z = bool(option & orjson.OPT_UTC_Z)
+    text = json.dumps(
+        value,
+        ensure_ascii=False,
+        separators=(",", ":"),
+        allow_nan=False,
+        default=lambda v: _default(v, utc_z),
+    )
+    return text.encode("utf-8")
+
+
+def dumps_text(value: Any) -> str:
+    return dumps(value).decode("utf-8")
+
+
+def non_finite(value: Any) -> bool:
+    """Whether a parsed JSON value holds NaN or an infinity anywhere (JSON has neither)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
+
+
+def _has_big_int(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, int) and not isinstance(item, bool):
+            if not -(2**63) <= item < 2**64:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
+
+
+def _default(value: Any, utc_z: bool) -> Any:
+    if isinstance(value, UUID):
+        return str(value)
+    if isinstance(value, datetime):
+        text = value.isoformat()
+        if utc_z and value.utcoffset() == timedelta(0):
+            text = text.removesuffix("+00:00") + "Z"
+        return text
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")

@@ -1,0 +1,92 @@
+"""Drive the application over raw ASGI, where httpx cannot: a client that goes away, a stream.
+
+httpx's ASGI transport collects a whole response before returning it and never
+reports a disconnect while the application runs; these helpers play the
+server's part themselves, with the real application and database behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+from urllib.parse import urlencode
+
+from starlette.types import ASGIApp, Message
+
+
+class Exchange:
+    """One request in flight: what the application sent so far, and a way to hang up."""
+
+    def __init__(self, app: ASGIApp, path: str, params: dict[str, Any], method: str = "GET") -> None:
+        self.status: int | None = None
+        self.chunks: asyncio.Queue[bytes] = asyncio.Queue()
+        self.body = b""
+        self._gone = asyncio.Event()
+        self._request_sent = False
+        query = urlencode(params).encode()
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": "1.1",
+            "method": method,
+            "scheme": "http",
+            "path": path,
+            "raw_path": path.encode(),
+            "query_string": query,
+            "root_path": "",
+            "headers": [(b"host", b"api")],
+            "client": ("127.0.0.1", 50000),
+            "server": ("api", 80),
+        }
+        self.task = asyncio.create_task(app(scope, self._receive, self._send))
+
+    def hang_up(self) -> None:
+        self._gone.set()
+
+    async def _receive(self) -> Message:
+        if not self._request_sent:
+            self._request_sent = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await self._gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def _send(self, message: Message) -> None:
+        if self._gone.is_set():
+            return  # a server drops what is sent after the client left
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        elif message["type"] == "http.response.body":
+            chunk = message.get("body", b"")
+            self.body += chunk
+            if chunk:
+                self.chunks.put_nowait(chunk)
+
+    async def next_event(self, within: float) -> tuple[bytes, list[bytes]]:
+        """The next `message` event's data, and the comments (keep-alives) that came before it."""
+        comments = []
+        async with asyncio.timeout(within):
+            while True:
+                chunk = await self.chunks.get()
+                if chunk.startswith(b":"):
+                    comments.append(chunk)
+                elif chunk.startswith(b"event: message"):
+                    data = next(line for line in chunk.split(b"\n") if line.startswith(b"data: "))
+                    return data.removeprefix(b"data: "), comments
+
+    def comments(self) -> list[bytes]:
+        """Comments sent and not yet read."""
+        out = []
+        while not self.chunks.empty():
+            chunk = self.chunks.get_nowait()
+            if chunk.startswith(b":"):
+                out.append(chunk)
+        return out
+
+    async def close(self) -> None:
+        self.hang_up()
+        try:
+            async with asyncio.timeout(5):
+                await self.task
+        except TimeoutError:
+            self.task.cancel()
+            raise

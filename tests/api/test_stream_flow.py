@@ -1,0 +1,122 @@
+"""The SSE stream in process: a full stream waits quietly, and wakes for its own messages only."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from fastpubsub.api.routers import subscriptions
+from tests.api.asgi import Exchange
+
+BIG = 2**64 + 7
+
+
+async def setup(api: httpx.AsyncClient, **subscription: object) -> None:
+    await api.post("/topics", json={"id": "t"})
+    await api.post("/subscriptions", json={"id": "s", "topic_id": "t", **subscription})
+
+
+def stream(api: httpx.AsyncClient, max_in_flight: int) -> Exchange:
+    params = {"consumer_id": "streamer", "max_in_flight": max_in_flight}
+    return Exchange(api.app, "/subscriptions/s/stream", params)  # type: ignore[attr-defined]
+
+
+def count_queries(api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The named queries the application runs from now on (each still runs on the real database)."""
+    database = api.app.state.database  # type: ignore[attr-defined]
+    real = database._rows
+    ran: list[str] = []
+
+    async def counting(query: str, /, **params: Any) -> Any:
+        ran.append(query)
+        return await real(query, **params)
+
+    monkeypatch.setattr(database, "_rows", counting)
+    return ran
+
+
+async def test_a_full_stream_does_not_spin(api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    await setup(api, ack_deadline_seconds=60, backoff_min_seconds=0, backoff_max_seconds=0)
+    await api.post("/topics/t/messages", json=[{"n": 1}, {"n": 2}])
+    sse = stream(api, max_in_flight=1)
+    try:
+        first, _ = await sse.next_event(within=5)
+        assert json.loads(first)["payload"] == {"n": 1}
+        # Another consumer takes the second message and nacks it: a retry due at once, which
+        # this stream has no room for (next_due answers 0 from now on).
+        other = await api.get("/subscriptions/s/messages", params={"consumer_id": "other"})
+        (second,) = other.json()["data"]
+        assert (await api.post("/subscriptions/s/nacks", json=[second["id"]])).status_code == 204
+        ran = count_queries(api, monkeypatch)
+        await asyncio.sleep(2.5)
+        assert sse.comments() == []  # no keep-alive before KEEPALIVE_SECONDS of silence
+        assert len(ran) <= 6, ran  # about one recheck a second, not one every few milliseconds
+        assert "next_due" not in ran
+    finally:
+        await sse.close()
+
+
+async def test_a_full_stream_wakes_when_this_process_settles_its_message(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(subscriptions, "FULL_RECHECK_SECONDS", 60.0)  # only the local signal can wake it
+    await setup(api, ack_deadline_seconds=60)
+    await api.post("/topics/t/messages", json=[{"n": 1}, {"n": 2}, {"n": 3}])
+    sse = stream(api, max_in_flight=1)
+    try:
+        first = json.loads((await sse.next_event(within=5))[0])
+        await asyncio.sleep(0.3)
+        assert (await api.post("/subscriptions/s/acks", json=[first["id"]])).status_code == 204
+        second = json.loads((await sse.next_event(within=5))[0])
+        assert second["payload"] == {"n": 2}
+        assert (await api.post("/subscriptions/s/nacks", json=[second["id"]])).status_code == 204
+        third = json.loads((await sse.next_event(within=5))[0])
+        assert third["payload"] in ({"n": 3}, {"n": 2})
+    finally:
+        await sse.close()
+
+
+async def test_a_full_stream_wakes_when_its_own_lease_ends(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(subscriptions, "FULL_RECHECK_SECONDS", 60.0)
+    await setup(api, ack_deadline_seconds=1)
+    await api.post("/topics/t/messages", json=[{"n": 1}])
+    sse = stream(api, max_in_flight=1)
+    try:
+        first = json.loads((await sse.next_event(within=5))[0])
+        again, comments = await sse.next_event(within=10)  # the lease ran out after 1 s: delivered again
+        assert (json.loads(again)["id"], json.loads(again)["delivery_attempts"]) == (first["id"], 2)
+        assert comments == []
+    finally:
+        await sse.close()
+
+
+async def test_keep_alives_come_at_the_documented_interval(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(subscriptions, "KEEPALIVE_SECONDS", 0.5)
+    await setup(api)
+    sse = stream(api, max_in_flight=5)
+    try:
+        await asyncio.sleep(1.8)
+        comments = sse.comments()
+        assert comments[0] == b": connected\n\n"
+        assert 2 <= comments.count(b": keep-alive\n\n") <= 4
+    finally:
+        await sse.close()
+
+
+async def test_stream_events_keep_big_integers_exact(api: httpx.AsyncClient) -> None:
+    await setup(api)
+    await api.post("/topics/t/publish", json={"messages": [{"payload": {"n": BIG}}]})
+    sse = stream(api, max_in_flight=5)
+    try:
+        data, _ = await sse.next_event(within=5)
+        assert json.loads(data)["payload"] == {"n": BIG}
+    finally:
+        await sse.close()
