@@ -606,3 +606,32 @@ BEGIN
         0);
 END
 $$;
+
+-- next_due, as in 0002_publish_options.up.sql
+CREATE OR REPLACE FUNCTION fastpubsub.next_due(p_subscription_id text)
+RETURNS double precision
+LANGUAGE plpgsql STABLE
+SET enable_sort = off
+SET enable_bitmapscan = off
+SET enable_seqscan = off
+AS $$
+DECLARE
+    s fastpubsub.subscriptions := fastpubsub._subscription(p_subscription_id);
+    v_at timestamptz;
+    v_lease timestamptz;
+    v_priority smallint;
+BEGIN
+    SELECT d.visible_at INTO v_at FROM fastpubsub.deliveries AS d
+    WHERE d.subscription_key = s.key AND d.status = 'scheduled'
+    ORDER BY d.visible_at LIMIT 1;
+    v_priority := fastpubsub._next_priority(s.key, NULL);
+    WHILE v_priority IS NOT NULL LOOP
+        SELECT min(d.lease_until) INTO v_lease FROM fastpubsub.deliveries AS d
+        WHERE d.subscription_key = s.key AND d.status = 'available' AND d.priority = v_priority
+          AND d.seq >= s.consume_from;
+        v_at := least(v_at, v_lease);
+        v_priority := fastpubsub._next_priority(s.key, v_priority);
+    END LOOP;
+    RETURN greatest(extract(epoch FROM v_at - now())::double precision, 0);
+END
+$$;

@@ -6,7 +6,8 @@
 --   instead of jumping ahead of every priority; one that has no attempt left
 --   (max_delivery_attempts lowered meanwhile) goes to the DLQ.
 -- * Publishing delayed messages and nacking wake waiting consumers, so that a
---   long-poll or stream learns the new due time.
+--   long-poll or stream learns the new due time; next_due says NULL, not 0,
+--   when nothing is pending.
 -- * Two cleanups removing a message's last two references can no longer both
 --   keep the message; idempotency keys live as long as their message.
 -- * subscription_metrics reads through indexes only; cleanup_stuck never
@@ -256,6 +257,40 @@ BEGIN
             LIMIT 1
         ) AS m
         ORDER BY x.ord;
+END
+$$;
+
+-- Seconds until a due retry, delayed message or lease end may make a message
+-- deliverable: 0 when one is due already, NULL when nothing is pending at all
+-- (0 then made idle long-polls look again at once).
+CREATE OR REPLACE FUNCTION fastpubsub.next_due(p_subscription_id text)
+RETURNS double precision
+LANGUAGE plpgsql STABLE
+SET enable_sort = off
+SET enable_bitmapscan = off
+SET enable_seqscan = off
+AS $$
+DECLARE
+    s fastpubsub.subscriptions := fastpubsub._subscription(p_subscription_id);
+    v_at timestamptz;
+    v_lease timestamptz;
+    v_priority smallint;
+BEGIN
+    SELECT d.visible_at INTO v_at FROM fastpubsub.deliveries AS d
+    WHERE d.subscription_key = s.key AND d.status = 'scheduled'
+    ORDER BY d.visible_at LIMIT 1;
+    v_priority := fastpubsub._next_priority(s.key, NULL);
+    WHILE v_priority IS NOT NULL LOOP
+        SELECT min(d.lease_until) INTO v_lease FROM fastpubsub.deliveries AS d
+        WHERE d.subscription_key = s.key AND d.status = 'available' AND d.priority = v_priority
+          AND d.seq >= s.consume_from;
+        v_at := least(v_at, v_lease);
+        v_priority := fastpubsub._next_priority(s.key, v_priority);
+    END LOOP;
+    IF v_at IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN greatest(extract(epoch FROM v_at - now())::double precision, 0);
 END
 $$;
 

@@ -124,6 +124,20 @@ def test_nack_with_a_backoff_wakes_listeners_too(queue: psycopg.Connection, conn
     assert 1 < due <= 2  # backoff_min of this subscription
 
 
+def test_next_due_is_null_when_nothing_is_pending(queue: psycopg.Connection) -> None:
+    def next_due() -> float | None:
+        return queue.execute("SELECT fastpubsub.next_due('s')").fetchone()[0]
+
+    assert next_due() is None  # an idle subscription: no reason to look again before a publish
+    ids = publish(queue, "t", [{"n": 1}])
+    consume(queue, "s", "w")
+    assert 29 < next_due() <= 30  # the lease ends (the subscription's ack deadline)
+    nack(queue, "s", ids)
+    assert 1 < next_due() <= 2  # the retry (backoff_min)
+    make_due(queue)
+    assert next_due() == 0
+
+
 def test_leases_that_ran_out_are_no_longer_the_consumers(queue: psycopg.Connection) -> None:
     """ack, nack and extend_lease act on current leases only: a late consumer changes nothing."""
     ids = publish(queue, "t", [{"n": i} for i in range(3)])

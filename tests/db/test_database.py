@@ -15,6 +15,7 @@ from fastpubsub.exceptions import (
     InvalidInputError,
     NotFoundError,
 )
+from fastpubsub.models import StuckCleanupResult
 
 
 async def test_topic_and_subscription_lifecycle(db: Database) -> None:
@@ -86,7 +87,7 @@ async def test_cleanups(db: Database) -> None:
     result = await db.cleanup_acked(0, 3, on_batch=batches.append)
     assert (result.acked_deleted, result.messages_deleted) == (7, 7)
     assert [b.acked_deleted for b in batches] == [3, 3, 1]
-    assert await db.cleanup_stuck(60) == 0
+    assert await db.cleanup_stuck(60) == StuckCleanupResult(released=0, dead_lettered=0)
 
 
 async def test_client_records(db: Database) -> None:
