@@ -512,6 +512,18 @@ class Database:
         )
         return int(row.leased), str(row.data)
 
+    async def consume_json_due(
+        self, subscription_id: str, consumer_id: str, batch_size: int = 10
+    ) -> tuple[int, str, float | None]:
+        """consume_json, plus next_due when nothing was leased: one round trip per long-poll look."""
+        row = await self._one(
+            "consume_json_due",
+            subscription_id=subscription_id,
+            consumer_id=consumer_id,
+            batch_size=batch_size,
+        )
+        return int(row.leased), str(row.data), None if row.due is None else float(row.due)
+
     async def ack(self, subscription_id: str, ids: Iterable[UUID | str]) -> int:
         row = await self._one("ack", subscription_id=subscription_id, ids=_ids(ids))
         return int(row.acked)

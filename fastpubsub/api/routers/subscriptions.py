@@ -221,11 +221,10 @@ async def consume_waiting(
             woken.clear()
             if gone.is_set():
                 return 0, "[]"
-            leased, data = await database.consume_json(subscription_id, consumer_id, batch_size)
+            leased, data, due = await database.consume_json_due(subscription_id, consumer_id, batch_size)
             remaining = deadline - loop.time()
             if leased or remaining <= 0:
                 return leased, data
-            due = await database.next_due(subscription_id)
             timeout = min(remaining, pacing.timeout(due))
             if not listener.connected.is_set():
                 timeout = min(timeout, _DEGRADED_RECHECK_SECONDS)
