@@ -106,9 +106,14 @@ def queries() -> dict[str, str]:
     """Named queries from sql/queries.sql, parsed once, with `:name` parameters."""
     source = resources.files("fastpubsub").joinpath("sql/queries.sql").read_text(encoding="utf-8")
     return {
-        match.group(1): match.group(2).strip()
+        match.group(1): _without_comment_lines(match.group(2))
         for match in re.finditer(r"^-- (\w+) --\n(.*?)(?=^-- \w+ --\n|\Z)", source, re.S | re.M)
     }
+
+
+def _without_comment_lines(sql: str) -> str:
+    """The statement without its whole-line comments: they are for readers, not for the server."""
+    return "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--")).strip()
 
 
 @cache
@@ -507,17 +512,15 @@ class Database:
         self, subscription_id: str, consumer_id: str, batch_size: int = 10
     ) -> tuple[int, str]:
         """Like consume, but the messages come as the API's JSON array (text) and their number."""
-        row = await self._one(
-            "consume_json", subscription_id=subscription_id, consumer_id=consumer_id, batch_size=batch_size
-        )
-        return int(row.leased), str(row.data)
+        leased, data, _ = await self.consume_json_due(subscription_id, consumer_id, batch_size)
+        return leased, data
 
     async def consume_json_due(
         self, subscription_id: str, consumer_id: str, batch_size: int = 10
     ) -> tuple[int, str, float | None]:
         """consume_json, plus next_due when nothing was leased: one round trip per long-poll look."""
         row = await self._one(
-            "consume_json_due",
+            "consume_json",
             subscription_id=subscription_id,
             consumer_id=consumer_id,
             batch_size=batch_size,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -60,30 +61,27 @@ def dumps_text(value: Any) -> str:
 
 def non_finite(value: Any) -> bool:
     """Whether a parsed JSON value holds NaN or an infinity anywhere (JSON has neither)."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, float):
-            if not math.isfinite(item):
-                return True
-        elif isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
-    return False
+    return _any_scalar(value, lambda item: isinstance(item, float) and not math.isfinite(item))
 
 
 def _has_big_int(value: Any) -> bool:
+    return _any_scalar(
+        value,
+        lambda item: isinstance(item, int) and not isinstance(item, bool) and not -(2**63) <= item < 2**64,
+    )
+
+
+def _any_scalar(value: Any, test: Callable[[Any], bool]) -> bool:
+    """Whether `test` holds for any value inside `value` that is not an object or a list."""
     stack = [value]
     while stack:
         item = stack.pop()
-        if isinstance(item, int) and not isinstance(item, bool):
-            if not -(2**63) <= item < 2**64:
-                return True
-        elif isinstance(item, dict):
+        if isinstance(item, dict):
             stack.extend(item.values())
         elif isinstance(item, list | tuple):
             stack.extend(item)
+        elif test(item):
+            return True
     return False
 
 

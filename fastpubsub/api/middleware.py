@@ -57,18 +57,7 @@ class RequestContext:
             log.error("unexpected error", exc_info=exc)
             if responding:
                 raise  # too late for an error answer: let the server drop the connection
-            body = orjson.dumps({"detail": f"internal error; see the server log for request {rid}"})
-            await send_with_id(
-                {
-                    "type": "http.response.start",
-                    "status": 500,
-                    "headers": [
-                        (b"content-type", b"application/json"),
-                        (b"content-length", str(len(body)).encode()),
-                    ],
-                }
-            )
-            await send_with_id({"type": "http.response.body", "body": body})
+            await send_json_error(send_with_id, 500, f"internal error; see the server log for request {rid}")
         finally:
             # 503s are logged where they are answered (one line, see errors.py).
             level = logging.ERROR if status >= 500 and status != 503 else logging.DEBUG
@@ -115,15 +104,20 @@ class BodyLimit:
         await self.app(scope, limited_receive, send)
 
     async def _refuse(self, send: Send) -> None:
-        body = orjson.dumps({"detail": f"request body is larger than {self.max_bytes} bytes"})
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await send_json_error(send, 413, f"request body is larger than {self.max_bytes} bytes")
+
+
+async def send_json_error(send: Send, status: int, detail: str) -> None:
+    """Answer `status` with the API's JSON error body, straight through ASGI."""
+    body = orjson.dumps({"detail": detail})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

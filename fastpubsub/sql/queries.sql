@@ -75,25 +75,12 @@ FROM fastpubsub.consume_v2(:subscription_id, :consumer_id, :batch_size)
 
 -- consume_json --
 -- The same as consume, rendered as the API's JSON array by PostgreSQL itself:
--- the hottest answer of the API then costs Python one string.
-SELECT count(*) AS leased,
-       coalesce(json_agg(json_build_object(
-           'id', c.id,
-           'subscription_id', CAST(:subscription_id AS text),
-           'payload', c.payload,
-           'delivery_attempts', c.attempts,
-           'created_at', to_char(c.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-           'attributes', c.attributes,
-           'priority', c.priority) ORDER BY c.ord), '[]')::text AS data
-FROM fastpubsub.consume_v2(:subscription_id, :consumer_id, :batch_size) WITH ORDINALITY
-    AS c(id, payload, attributes, priority, attempts, created_at, ord)
-
--- consume_json_due --
--- consume_json for a long-poll: when nothing was leased it also says how many
--- seconds until a retry, delayed message or lease end may change that (NULL:
--- nothing pending), so each look costs one round trip. (next_due sees the
--- statement's snapshot, from before this consume: at worst it says "now" for
--- rows the consume has just dead-lettered, and the caller looks once more.)
+-- the hottest answer of the API then costs Python one string. When nothing was
+-- leased it also says how many seconds until a retry, delayed message or lease
+-- end may change that (NULL: nothing pending), so a long-poll look is one round
+-- trip. (next_due sees the statement's snapshot, from before this consume: at
+-- worst it says "now" for rows the consume has just dead-lettered, and a
+-- long-poll looks once more.)
 SELECT c.leased, c.data, CASE WHEN c.leased = 0 THEN fastpubsub.next_due(:subscription_id) END AS due
 FROM (
     SELECT count(*) AS leased,
