@@ -685,7 +685,11 @@ class NotificationListener:
 
     @contextlib.contextmanager
     def waiter(self, subscription_id: str) -> Iterator[asyncio.Event]:
-        """An event set whenever `subscription_id` may have new deliverable messages."""
+        """An event set whenever `subscription_id` may have new deliverable messages.
+
+        `settled:<subscription>` instead: set when messages of a subscription with
+        a registered stream are acked or nacked (a full stream may have room).
+        """
         event = asyncio.Event()
         waiters = self._waiters.setdefault(subscription_id, set())
         waiters.add(event)
@@ -697,11 +701,12 @@ class NotificationListener:
                 self._waiters.pop(subscription_id, None)
 
     def dispatch(self, payload: str) -> None:
+        """Wake the waiters of each name in the payload: subscriptions, or `settled:<subscription>`."""
         if payload == "*":
             self._wake_all()
             return
-        for subscription_id in payload.split():
-            for event in self._waiters.get(subscription_id, ()):
+        for name in payload.split():
+            for event in self._waiters.get(name, ()):
                 event.set()
 
     def _wake_all(self) -> None:

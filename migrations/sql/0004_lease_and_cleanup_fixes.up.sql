@@ -7,7 +7,8 @@
 --   (max_delivery_attempts lowered meanwhile) goes to the DLQ.
 -- * Publishing delayed messages and nacking wake waiting consumers, so that a
 --   long-poll or stream learns the new due time; next_due says NULL, not 0,
---   when nothing is pending.
+--   when nothing is pending. Acks and nacks wake only streams waiting for room
+--   (`settled:<subscription>`), not every long-poll.
 -- * Two cleanups removing a message's last two references can no longer both
 --   keep the message; idempotency keys live as long as their message.
 -- * subscription_metrics reads through indexes only; cleanup_stuck never
@@ -58,7 +59,7 @@ BEGIN
     SELECT now(), gone.message_id, s.key, gone.attempts FROM gone;
     GET DIAGNOSTICS n = ROW_COUNT;
     IF n > 0 AND s.streaming_until > now() THEN
-        PERFORM fastpubsub._notify(ARRAY[s.id]);
+        PERFORM fastpubsub._notify(ARRAY['settled:' || s.id]);
     END IF;
     RETURN n;
 END
@@ -66,6 +67,9 @@ $$;
 
 -- A nack wakes the subscription's waiting consumers whenever a message goes
 -- back into the queue, now or later: they read the next due time again.
+-- While a stream is registered (touch_stream), acks and nacks also notify
+-- `settled:<subscription>`, which wakes only streams waiting for room (the
+-- plain subscription name would wake every long-poll for nothing).
 CREATE OR REPLACE FUNCTION fastpubsub.nack(
     p_subscription_id text, p_ids uuid[], OUT nacked integer, OUT dead_lettered integer)
 LANGUAGE plpgsql
@@ -93,8 +97,10 @@ BEGIN
         RETURNING d.status
     )
     SELECT count(*), count(*) FILTER (WHERE status = 'dlq') INTO nacked, dead_lettered FROM changed;
-    IF nacked > 0 AND (s.streaming_until > now() OR nacked > dead_lettered) THEN
-        PERFORM fastpubsub._notify(ARRAY[s.id]);
+    IF nacked > 0 THEN
+        PERFORM fastpubsub._notify(array_remove(ARRAY[
+            CASE WHEN nacked > dead_lettered THEN s.id END,
+            CASE WHEN s.streaming_until > now() THEN 'settled:' || s.id END], NULL));
     END IF;
 END
 $$;

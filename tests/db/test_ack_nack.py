@@ -167,6 +167,20 @@ def test_a_due_retry_with_no_attempt_left_is_dead_lettered(queue: psycopg.Connec
     assert (row["status"], row["attempts"]) == ("dlq", 3)
 
 
+def test_acks_and_nacks_wake_registered_streams_and_nothing_else(queue: psycopg.Connection, connect) -> None:
+    ids = publish(queue, "t", [{"n": i} for i in range(4)])
+    consume(queue, "s", "w", 4)
+    listener = connect()
+    listener.execute("LISTEN fastpubsub")
+    ack(queue, "s", ids[:1])
+    assert list(listener.notifies(timeout=0.3, stop_after=1)) == []  # no stream: an ack is silent
+    queue.execute("SELECT fastpubsub.touch_stream('s')")
+    ack(queue, "s", ids[1:2])
+    assert [n.payload for n in listener.notifies(timeout=1, stop_after=1)] == ["settled:s"]
+    nack(queue, "s", ids[2:3])  # back in the queue (later), and room for the stream
+    assert [n.payload for n in listener.notifies(timeout=1, stop_after=1)] == ["s settled:s"]
+
+
 def test_retry_keeps_delivery_time_of_stored_backoff(queue: psycopg.Connection) -> None:
     ids = publish(queue, "t", [{"n": 1}])
     consume(queue, "s", "w")

@@ -463,10 +463,14 @@ async def subscription_metrics(
 # so that proxies keep them open.
 KEEPALIVE_SECONDS = 15.0
 # A stream with max_in_flight messages unacked waits for room: its own
-# earliest lease to end, an ack, nack or lease change of one of its messages
-# in this process (LocalSettlements), and at least this often for those
-# handled by other server processes.
+# earliest lease to end, an ack or nack of its subscription in any server
+# process (a `settled:` notification while the stream is registered, see
+# touch_stream), an ack, nack or lease change of one of its messages in this
+# process (LocalSettlements), and at least this often in case one was missed.
 FULL_RECHECK_SECONDS = 1.0
+# Streams register (touch_stream) so that acks and nacks of their
+# subscription notify, and renew that well within its 60 s lifetime.
+TOUCH_SECONDS = 30.0
 
 
 class LocalSettlements:
@@ -476,13 +480,13 @@ class LocalSettlements:
         self._streams: dict[str, list[tuple[dict[UUID, float], asyncio.Event]]] = {}
 
     @contextlib.contextmanager
-    def watch(self, subscription_id: str, held: dict[UUID, float]) -> Iterator[asyncio.Event]:
-        """An event set when one of the ids in `held` (kept current by the caller) is settled."""
-        entry = (held, asyncio.Event())
+    def watch(self, subscription_id: str, held: dict[UUID, float], event: asyncio.Event) -> Iterator[None]:
+        """Set `event` when one of the ids in `held` (kept current by the caller) is settled."""
+        entry = (held, event)
         streams = self._streams.setdefault(subscription_id, [])
         streams.append(entry)
         try:
-            yield entry[1]
+            yield
         finally:
             streams.remove(entry)
             if not streams:
@@ -533,23 +537,31 @@ async def stream_events(
 
     With room for more, it wakes on notifications (new messages) and when a
     retry, a delayed message or a lease becomes due. With max_in_flight
-    messages out, none of that can make room, so it waits only for its own
-    messages: the earliest of their leases to end, an ack, nack or lease
-    change of one of them in this process, and a recheck every
-    FULL_RECHECK_SECONDS for those handled elsewhere. A keep-alive comment
-    goes out after KEEPALIVE_SECONDS without anything written. Leases still
-    held when the client goes away expire normally.
+    messages out, none of that can make room, so it waits for its own
+    messages: the earliest of their leases to end, a notification (acks and
+    nacks of the subscription notify while a stream is registered), an ack,
+    nack or lease change of one of them in this process, and a recheck every
+    FULL_RECHECK_SECONDS. A keep-alive comment goes out after
+    KEEPALIVE_SECONDS without anything written. Leases still held when the
+    client goes away expire normally.
     """
     loop = asyncio.get_running_loop()
     held: dict[UUID, float] = {}  # messages out, and when (loop time) their leases end
-    written = loop.time()
+    written = touched = loop.time()
     pacing = _DuePacing()
     yield b": connected\n\n"
     try:
-        with listener.waiter(subscription_id) as woken, SETTLEMENTS.watch(subscription_id, held) as settled:
+        with (
+            listener.waiter(subscription_id) as woken,
+            listener.waiter(f"settled:{subscription_id}") as settled,
+            SETTLEMENTS.watch(subscription_id, held, settled),
+        ):
             while True:
                 woken.clear()
                 settled.clear()
+                if loop.time() - touched >= TOUCH_SECONDS:
+                    await database.touch_stream(subscription_id)
+                    touched = loop.time()
                 if held:
                     leases = await database.leases_held(subscription_id, consumer_id, held)
                     now = loop.time()
@@ -617,7 +629,7 @@ async def stream_messages(
     max_in_flight: Annotated[int, Query(ge=1, le=1000, description="Unacked messages at most")] = 10,
 ) -> StreamingResponse:
     principal.require("subscriptions:consume", subscription_id)
-    await database.get_subscription(subscription_id)  # answers 404 before the stream starts
+    await database.touch_stream(subscription_id)  # also answers 404 before the stream starts
     return StreamingResponse(
         stream_events(request, database, listener, subscription_id, consumer_id, max_in_flight),
         media_type="text/event-stream",
