@@ -11,6 +11,8 @@ import asyncio
 from typing import Any
 from urllib.parse import urlencode
 
+import httpx
+import pytest
 from starlette.types import ASGIApp, Message
 
 
@@ -90,3 +92,17 @@ class Exchange:
         except TimeoutError:
             self.task.cancel()
             raise
+
+
+def count_queries(api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The named queries the application runs from now on (each still runs on the real database)."""
+    database = api.app.state.database  # type: ignore[attr-defined]
+    real = database._rows
+    ran: list[str] = []
+
+    async def counting(query: str, /, **params: Any) -> Any:
+        ran.append(query)
+        return await real(query, **params)
+
+    monkeypatch.setattr(database, "_rows", counting)
+    return ran

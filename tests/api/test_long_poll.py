@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from fastpubsub.database import libpq_url
-from tests.api.asgi import Exchange
+from tests.api.asgi import Exchange, count_queries
 from tests.api.conftest import ClientFactory, fast_and_routed
 
 
@@ -162,15 +162,7 @@ async def test_a_waiting_consumer_does_not_spin(
 ) -> None:
     """Whatever next_due answers ("due now" included), a wait that keeps finding nothing backs off."""
     await setup(api)
-    database = api.app.state.database  # type: ignore[attr-defined]
-    real = database._rows
-    ran: list[str] = []
-
-    async def counting(query: str, /, **params: object) -> object:
-        ran.append(query)
-        return await real(query, **params)
-
-    monkeypatch.setattr(database, "_rows", counting)
+    ran = count_queries(api, monkeypatch)
     elapsed, data = await long_poll(api, 2.5)
     assert data == []
     assert len(ran) <= 40, f"{len(ran)} queries in {elapsed:.1f} s"

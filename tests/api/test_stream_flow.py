@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
 
 import httpx
 import pytest
 
 from fastpubsub.api.routers import subscriptions
-from tests.api.asgi import Exchange
+from tests.api.asgi import Exchange, count_queries
 
 BIG = 2**64 + 7
 
@@ -23,20 +22,6 @@ async def setup(api: httpx.AsyncClient, **subscription: object) -> None:
 def stream(api: httpx.AsyncClient, max_in_flight: int) -> Exchange:
     params = {"consumer_id": "streamer", "max_in_flight": max_in_flight}
     return Exchange(api.app, "/subscriptions/s/stream", params)  # type: ignore[attr-defined]
-
-
-def count_queries(api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The named queries the application runs from now on (each still runs on the real database)."""
-    database = api.app.state.database  # type: ignore[attr-defined]
-    real = database._rows
-    ran: list[str] = []
-
-    async def counting(query: str, /, **params: Any) -> Any:
-        ran.append(query)
-        return await real(query, **params)
-
-    monkeypatch.setattr(database, "_rows", counting)
-    return ran
 
 
 async def test_a_full_stream_does_not_spin(api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch) -> None:
