@@ -22,9 +22,9 @@ from pathlib import Path
 import psycopg
 
 from fastpubsub import migrate
-from fastpubsub import report as helpers
-from fastpubsub.database import libpq_url
+from fastpubsub.db.urls import libpq_url
 from fastpubsub.embedded import EPHEMERAL_SETTINGS, EmbeddedPostgres
+from fastpubsub.spark import launch as helpers
 
 SUBSCRIPTIONS = 4
 

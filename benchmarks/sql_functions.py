@@ -20,7 +20,7 @@ from pathlib import Path
 import psycopg
 
 from fastpubsub import migrate
-from fastpubsub.database import libpq_url
+from fastpubsub.db.urls import libpq_url
 from fastpubsub.embedded import EmbeddedPostgres
 
 

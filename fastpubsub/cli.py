@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import shutil
 import signal
 import sys
@@ -25,7 +24,6 @@ import typer
 from typer.core import TyperGroup
 
 from fastpubsub.exceptions import (
-    NOT_MIGRATED_STATES,
     AlreadyExistsError,
     ConfigurationError,
     DatabaseUnavailableError,
@@ -33,7 +31,7 @@ from fastpubsub.exceptions import (
     FastPubSubError,
     InvalidInputError,
     NotFoundError,
-    refused_for_good,
+    StatementTimeoutError,
 )
 from fastpubsub.settings import Settings, get_settings
 
@@ -44,6 +42,7 @@ EXIT_CODES: dict[type[FastPubSubError], int] = {
     NotFoundError: 3,
     AlreadyExistsError: 4,
     DatabaseUnavailableError: 5,
+    StatementTimeoutError: 5,
     ConfigurationError: 6,
     EmbeddedDatabaseError: 6,
 }
@@ -55,61 +54,25 @@ def _exit_code(exc: FastPubSubError) -> int:
     return next((code for kind, code in EXIT_CODES.items() if isinstance(exc, kind)), 1)
 
 
-def _first_line(text: str) -> str:
-    from fastpubsub.report import mask_url
-
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return mask_url(re.sub(r"\s+", " ", lines[0])) if lines else ""
-
-
-def _driver_error(exc: BaseException) -> Any:
-    """The psycopg error behind `exc` (through SQLAlchemy wrappers and `raise ... from`), if any."""
-    import psycopg
-
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, psycopg.Error):
-            return current
-        orig = getattr(current, "orig", None)
-        if isinstance(orig, psycopg.Error):
-            return orig
-        current = current.__cause__ or current.__context__
-    return None
-
-
 def describe_error(exc: BaseException) -> tuple[str, int]:
     """One line for the user and the exit code, for any error a command may meet."""
     from sqlalchemy.exc import ArgumentError
 
-    from fastpubsub.database import translate_error
+    from fastpubsub.db.errors import connection_reason, driver_error, first_line, translate_error
 
-    driver = _driver_error(exc)
     translated = translate_error(exc)
-    if isinstance(translated, DatabaseUnavailableError) and driver is not None:
-        # libpq's text names the server and why it refused; it never holds the password.
-        reason = _first_line(str(driver)).removeprefix("connection failed: ")
-        if reason and refused_for_good(reason):
-            return (
-                f"cannot connect to the database: {reason} (check FASTPUBSUB_DATABASE_URL)",
-                EXIT_CODES[ConfigurationError],
-            )
+    if isinstance(translated, DatabaseUnavailableError) and driver_error(exc) is not None:
+        # libpq's text names the server and why it failed; it never holds the password.
+        reason = connection_reason(exc)
         if reason:
             return f"the database is unavailable ({reason}); retry shortly", _exit_code(translated)
     if translated is not None:
         return translated.message, _exit_code(translated)
-    if driver is not None and driver.sqlstate in NOT_MIGRATED_STATES:
-        return (
-            "the database is not migrated (no fastpubsub schema, or an older revision): "
-            f"run `fastpubsub db-migrate` ({_first_line(str(driver))})",
-            EXIT_CODES[ConfigurationError],
-        )
-    if driver is not None:
-        return f"database error: {_first_line(str(driver))}", 1
+    if (driver := driver_error(exc)) is not None:
+        return f"database error: {first_line(str(driver))}", 1
     if isinstance(exc, ArgumentError):
-        return f"not a database URL: {_first_line(str(exc))}", EXIT_CODES[ConfigurationError]
-    return f"unexpected {type(exc).__name__}: {_first_line(str(exc))} (--verbose shows where)", 1
+        return f"not a database URL: {first_line(str(exc))}", EXIT_CODES[ConfigurationError]
+    return f"unexpected {type(exc).__name__}: {first_line(str(exc))} (--verbose shows where)", 1
 
 
 # Click's exception classes, from whichever click Typer runs on (recent Typer
@@ -205,7 +168,7 @@ def _settings() -> Settings:
 def _database_url(settings: Settings) -> str:
     if not settings.database_url:
         raise fail("FASTPUBSUB_DATABASE_URL is not set", EXIT_CODES[ConfigurationError])
-    from fastpubsub.database import sync_url
+    from fastpubsub.db.urls import sync_url
 
     try:
         sync_url(settings.database_url)
@@ -220,7 +183,7 @@ def _database_url(settings: Settings) -> str:
 
 
 async def _with_database(settings: Settings, work: Callable[[Any], Awaitable[T]]) -> T:
-    from fastpubsub.database import Database
+    from fastpubsub.db import Database
 
     database = Database(_database_url(settings), pool_size=1, max_overflow=1)
     try:
@@ -613,24 +576,25 @@ def report(
     ] = False,
 ) -> None:
     """Spark report: delivery outcomes, ack latency, throughput per hour (Parquet, CSV, PNG, Markdown)."""
-    from fastpubsub import report as helpers
+    from fastpubsub.spark import launch
 
     settings = _settings()
     url = database_url or _database_url(settings)
     try:
-        start, end = helpers.parse_window(since, until)
-        target = helpers.to_jdbc(url)
-        if helpers.find_java() is None:
+        start, end = launch.parse_window(since, until)
+        target = launch.to_jdbc(url)
+        if launch.find_java() is None:
             raise ConfigurationError("no Java runtime found: install Java 17 or later, or set JAVA_HOME")
-        driver = helpers.find_jdbc_driver(settings.jdbc_jar, allow_download=download_jdbc)
+        driver = launch.find_jdbc_driver(settings.jdbc_jar, allow_download=download_jdbc)
         try:
             import pyspark  # noqa: F401
         except ImportError:
             raise ConfigurationError("PySpark is not installed: install the 'spark' extra") from None
-        job = helpers.load_job()
-        helpers.check_database(url)
+        from fastpubsub.spark import report as job
+
+        launch.check_database(url)
     except FastPubSubError as exc:
-        raise fail(exc.message, _exit_code(exc)) from None
+        raise fail(*describe_error(exc)) from None
     typer.echo(
         f"reading {target.masked_url} from {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC "
         f"({partitions} partitions, driver {driver.describe()})",
@@ -641,14 +605,14 @@ def report(
     existing = SparkSession.getActiveSession()
     spark = None
     try:
-        spark = helpers.start_spark(master, driver)
+        spark = launch.start_spark(master, driver)
         result = job.run_report(
             spark, target, out, since=start, until=end, partitions=partitions, fetchsize=fetchsize
         )
     except Exception as exc:
         if _state["verbose"]:
             traceback.print_exc()
-        message, unreachable = helpers.spark_error_message(exc)
+        message, unreachable = launch.spark_error_message(exc)
         raise fail(f"report failed: {message}", 5 if unreachable else 1) from None
     finally:
         if spark is not None and existing is None:

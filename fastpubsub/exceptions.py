@@ -46,31 +46,17 @@ class ConfigurationError(FastPubSubError):
     """The configuration is not valid."""
 
 
+class NotMigratedError(ConfigurationError):
+    """The database is not migrated: run `fastpubsub db-migrate`."""
+
+
+class StatementTimeoutError(FastPubSubError):
+    """The database gave up on the statement: it ran longer than FASTPUBSUB_DATABASE_STATEMENT_TIMEOUT_MS."""
+
+
 class AuthenticationError(FastPubSubError):
     """Missing, invalid, expired or revoked credentials."""
 
 
 class PermissionDeniedError(FastPubSubError):
     """The client's scopes do not allow this."""
-
-
-# SQLSTATEs that mean the fastpubsub schema (or a function of the current
-# revision) is missing: invalid_schema_name, undefined_table, undefined_function.
-NOT_MIGRATED_STATES = frozenset({"3F000", "42P01", "42883"})
-
-# What PostgreSQL (or libpq) says when it refuses a connection for a reason that
-# waiting will not fix: the URL names a database, role or password that is wrong.
-_REFUSED_FOR_GOOD = (
-    "does not exist",
-    "authentication failed",
-    "no pg_hba.conf entry",
-    "not permitted to log in",
-    "permission denied",
-    "no password supplied",
-    "SSL",
-)
-
-
-def refused_for_good(reason: str) -> bool:
-    """True when a connection failure's text says retrying will not help."""
-    return any(marker in reason for marker in _REFUSED_FOR_GOOD)

@@ -1,23 +1,31 @@
 """Schema migrations: where they live and how to run them.
 
 Each Alembic revision in migrations/versions/ executes SQL files from
-migrations/sql/; the Python revision only names its files.
+migrations/sql/ (the Python revision only names its files). Tables and indexes
+change only through revisions; the stored functions are installed from the
+current source (fastpubsub/sql) whenever a database reaches the head revision.
+docs/schema.md has the rules.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from alembic import command, op
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine
 from sqlalchemy.pool import NullPool
 
-from fastpubsub.database import sync_url
+from fastpubsub.db.urls import libpq_url, sync_url
+from fastpubsub.sql import source
+from fastpubsub.sql.source import SCHEMA, VERSION_TABLE
 
-SCHEMA = "fastpubsub"
-VERSION_TABLE = "alembic_version"
+# Two migration jobs started at once (a Kubernetes Job and a compose service,
+# say) take turns on this lock instead of racing. 1718645603 = 'fpsc'.
+MIGRATION_LOCK = 1718645603
 
 
 def migrations_dir() -> Path:
@@ -37,7 +45,7 @@ def alembic_config(url: str) -> Config:
 
 
 def upgrade(url: str, revision: str = "head") -> None:
-    """Bring the database at `url` up to `revision`."""
+    """Bring the database at `url` up to `revision` (at the head, with the current functions)."""
     command.upgrade(alembic_config(url), revision)
 
 
@@ -59,13 +67,40 @@ def current_revision(url: str) -> str | None:
         engine.dispose()
 
 
-def head_revision() -> str:
-    from alembic.script import ScriptDirectory
+def script_directory() -> ScriptDirectory:
+    return ScriptDirectory.from_config(alembic_config("postgresql://unused"))
 
-    script = ScriptDirectory.from_config(alembic_config("postgresql://unused"))
-    head = script.get_current_head()
+
+def head_revision() -> str:
+    head = script_directory().get_current_head()
     assert head is not None
     return head
+
+
+def install_functions_at_head(connection: Any, context: MigrationContext) -> None:
+    """Install the current function source if the migration run has reached the head revision.
+
+    Called by migrations/env.py inside the run's transaction. CREATE OR REPLACE
+    leaves a function that is already current as it was, so a run with nothing
+    to do changes nothing.
+    """
+    if context.get_current_revision() == head_revision():
+        # Straight to the driver: no bind-parameter parsing of the source.
+        connection.connection.driver_connection.execute(source.functions_sql())
+
+
+def create_fresh(url: str) -> None:
+    """Build the head schema in an empty database straight from the current source.
+
+    What the revisions produce (a test compares the two), in one short
+    transaction instead of every revision's history: the test suite builds its
+    template database this way.
+    """
+    import psycopg
+
+    with psycopg.connect(libpq_url(url)) as conn:
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+        conn.execute(source.fresh_schema_sql(head_revision()).encode())
 
 
 def execute_sql_file(revision_file: str, name: str) -> None:

@@ -6,13 +6,10 @@ from alembic import context
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
-from fastpubsub.database import sync_url
-from fastpubsub.migrate import SCHEMA, VERSION_TABLE
+from fastpubsub.db.urls import sync_url
+from fastpubsub.migrate import MIGRATION_LOCK, install_functions_at_head
 from fastpubsub.settings import get_settings
-
-# Two migration jobs started at once (a Kubernetes Job and a compose service,
-# say) take turns on this lock instead of racing. 1718645603 = 'fpsc'.
-MIGRATION_LOCK = 1718645603
+from fastpubsub.sql.source import SCHEMA, VERSION_TABLE
 
 
 def _url() -> str:
@@ -42,14 +39,17 @@ def run_migrations_online() -> None:
         connection.execute(text(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}"))
         connection.commit()
         try:
+            # One transaction for the whole run: the revisions and, at the
+            # head, the functions of the current source (docs/schema.md).
+            # Either all of it lands or none of it does.
             context.configure(
                 connection=connection,
                 version_table=VERSION_TABLE,
                 version_table_schema=SCHEMA,
-                transaction_per_migration=True,
             )
             with context.begin_transaction():
                 context.run_migrations()
+                install_functions_at_head(connection, context.get_context())
             connection.commit()
         finally:
             connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK})

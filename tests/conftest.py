@@ -2,8 +2,10 @@
 
 FASTPUBSUB_TEST_DATABASE_URL names a server to use (its user needs CREATEDB);
 without it the session starts an embedded PostgreSQL in a temporary directory.
-Migrations run once into a template database; every test gets its own copy
-(CREATE DATABASE ... TEMPLATE), dropped afterwards, so tests never share state.
+The template database is built once, straight from the current SQL source
+(fastpubsub/sql; tests/db/test_migrations.py proves the revisions build the
+same); every test gets its own copy (CREATE DATABASE ... TEMPLATE), dropped
+afterwards, so tests never share state.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ for _name in [name for name in os.environ if name.startswith("FASTPUBSUB_")]:
         del os.environ[_name]
 
 from fastpubsub import migrate  # noqa: E402
-from fastpubsub.database import Database, libpq_url  # noqa: E402
+from fastpubsub.db import Database  # noqa: E402
+from fastpubsub.db.urls import libpq_url  # noqa: E402
 from fastpubsub.embedded import EPHEMERAL_SETTINGS, EmbeddedPostgres  # noqa: E402
 
 
@@ -76,7 +79,7 @@ def template_database(pg_server: PostgresServer) -> Iterator[str]:
     name = f"fastpubsub_template_{os.getpid()}"
     pg_server.drop_database(name)
     url = pg_server.create_database(name)
-    migrate.upgrade(url)
+    migrate.create_fresh(url)
     yield name
     pg_server.drop_database(name)
 

@@ -13,7 +13,7 @@ from fastapi.openapi.models import OAuthFlowClientCredentials, OAuthFlows
 from fastapi.security import OAuth2
 
 from fastpubsub import auth
-from fastpubsub.database import Database, NotificationListener
+from fastpubsub.db import Database, NotificationListener
 from fastpubsub.exceptions import AuthenticationError, PermissionDeniedError
 from fastpubsub.settings import Settings
 

@@ -14,12 +14,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastpubsub.exceptions import (
     AlreadyExistsError,
     AuthenticationError,
+    ConfigurationError,
     DatabaseUnavailableError,
     FastPubSubError,
     InvalidInputError,
     NotFoundError,
     PayloadTooLargeError,
     PermissionDeniedError,
+    StatementTimeoutError,
 )
 from fastpubsub.logs import one_line, request_id
 
@@ -31,6 +33,9 @@ STATUS = {
     InvalidInputError: 422,
     PayloadTooLargeError: 413,
     DatabaseUnavailableError: 503,
+    StatementTimeoutError: 503,
+    # The server's own set-up is wrong (e.g. the database is not migrated): not the client's doing.
+    ConfigurationError: 503,
     AuthenticationError: 401,
     PermissionDeniedError: 403,
 }
@@ -92,8 +97,8 @@ async def _fastpubsub_error(request: Request, exc: Exception) -> JSONResponse:
         # One line per failure: an outage fails every request, and each would
         # otherwise log a driver message of several lines. The traceback is at debug.
         cause = exc.__cause__ or exc
-        log.warning("%s %s: database unavailable: %s", request.method, request.url.path, one_line(cause))
-        log.debug("database unavailable", exc_info=exc)
+        log.warning("%s %s answered 503: %s", request.method, request.url.path, one_line(cause))
+        log.debug("answered 503", exc_info=exc)
     elif status == 500:
         log.error("unexpected error", exc_info=exc)
         return error_response(500, "internal error; see the server log for request " + str(request_id.get()))

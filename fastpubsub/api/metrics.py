@@ -25,7 +25,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 
-from fastpubsub.database import Database
+from fastpubsub.db import Database
 from fastpubsub.exceptions import DatabaseUnavailableError
 from fastpubsub.logs import one_line
 from fastpubsub.models import SubscriptionBacklog

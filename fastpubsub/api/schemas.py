@@ -108,14 +108,33 @@ class SubscriptionOut(BaseModel):
 
 
 # -- messages -----------------------------------------------------------------
+# One message as consumers get it (consume, streams, the DLQ). PostgreSQL renders
+# this shape (fastpubsub._message_json in sql/helpers.sql); the model documents it.
+MESSAGE_EXAMPLE: dict[str, Any] = {
+    "id": "0190b5a0-3c1e-7a41-9d2f-5b8e1c0a7f21",
+    "subscription_id": "order-emails",
+    "payload": {"order_id": "12345", "status": "created"},
+    "delivery_attempts": 1,
+    "created_at": "2026-11-22T10:00:00.123456Z",
+    "attributes": {"source": "checkout"},
+    "priority": 5,
+}
+STREAM_EXAMPLE = (
+    f"event: message\nid: {MESSAGE_EXAMPLE['id']}\ndata: {jsoncodec.dumps_text(MESSAGE_EXAMPLE)}\n\n"
+    ": keep-alive\n\n"
+)
+
+
 class MessageOut(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [MESSAGE_EXAMPLE]})
+
     id: UUID
     subscription_id: str
     payload: dict[str, Any]
-    delivery_attempts: int
-    created_at: datetime
-    attributes: dict[str, str] | None = Field(default=None, description="As published (consume only)")
-    priority: int = Field(default=0, description="As published, 0-9 (consume only)")
+    delivery_attempts: int = Field(description="Deliveries so far, this one included")
+    created_at: datetime = Field(description="When it was published (UTC)")
+    attributes: dict[str, str] | None = Field(default=None, description="As published")
+    priority: int = Field(default=0, description="As published, 0-9")
 
 
 class PublishMessage(Body):

@@ -4,8 +4,8 @@ A ceiling request does what the server does for the matching HTTP request, and
 nothing else: publish sends the batch as one JSON text to the server's `publish`
 query and reads back the ids; consume runs `consume_json` (PostgreSQL renders
 the page, the client reads the ids out of it as an HTTP client does) and ack
-sends the ids back as one array literal through the server's `_ids`. The query
-text comes from fastpubsub.database.driver_queries(), every statement goes
+sends the ids back as one array literal through the server's `uuid_array`. The query
+text comes from fastpubsub.sql.source.driver_queries(), every statement goes
 through a cursor as in Database._rows, on a connection opened with the server's
 options (autocommit, so each call is one round trip; psycopg prepares it after
 a few uses, as it does in the server).
@@ -37,9 +37,10 @@ import orjson
 import psycopg
 from psycopg.rows import namedtuple_row
 
-from fastpubsub.database import _ids, driver_queries
+from fastpubsub.db.queries import uuid_array
+from fastpubsub.sql.source import driver_queries
 
-# The session settings fastpubsub.database.Database gives its connections.
+# The session settings fastpubsub.db.Database gives its connections.
 SERVER_OPTIONS = "-c TimeZone=UTC -c statement_timeout=30000"
 
 
@@ -97,7 +98,7 @@ def _consume(job: Job, conn: psycopg.Connection[Any], counter: Any, slot: int) -
             break
         ids = [message["id"] for message in orjson.loads(page.data)]
         cursor = conn.cursor(row_factory=namedtuple_row)
-        cursor.execute(ack, {"subscription_id": job.target, "ids": _ids(ids)})
+        cursor.execute(ack, {"subscription_id": job.target, "ids": uuid_array(ids)})
         cursor.fetchall()
         received += ids
         counter[slot] += len(ids)

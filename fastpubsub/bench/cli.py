@@ -208,7 +208,7 @@ def bench_sql(
     and checks every message was delivered and acked once.
     """
     from fastpubsub import migrate
-    from fastpubsub.database import libpq_url
+    from fastpubsub.db.urls import libpq_url
 
     url = libpq_url(database_url)
 

@@ -28,7 +28,7 @@ from fastpubsub import migrate
 from fastpubsub.bench import ceiling, workloads
 from fastpubsub.bench.client import Connection
 from fastpubsub.bench.workloads import Result
-from fastpubsub.database import libpq_url
+from fastpubsub.db.urls import libpq_url
 from fastpubsub.embedded import EmbeddedPostgres, free_port
 
 console = Console(stderr=True)

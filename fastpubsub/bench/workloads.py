@@ -25,7 +25,8 @@ from psycopg.rows import dict_row
 
 from fastpubsub.bench import ceiling
 from fastpubsub.bench.client import Connection
-from fastpubsub.database import _ids, driver_queries
+from fastpubsub.db.queries import uuid_array
+from fastpubsub.sql.source import driver_queries
 
 Progress = Callable[[int], None]
 
@@ -498,7 +499,7 @@ def wal_per_message(
 
         def ack(pages: list[list[str]]) -> None:
             for ids in pages:
-                conn.execute(queries["ack"], {"subscription_id": subscription, "ids": _ids(ids)})
+                conn.execute(queries["ack"], {"subscription_id": subscription, "ids": uuid_array(ids)})
 
         with autovacuum_paused(conn) if throwaway else contextlib.nullcontext():
             # Without the privilege to checkpoint, a timed checkpoint may fall in the measurement.

@@ -1,6 +1,6 @@
 -- Every query fastpubsub runs at run time, one per `-- name --` header.
--- fastpubsub.database parses this file once and calls queries by name; each is
--- one statement, so each call is one round trip.
+-- fastpubsub.sql.source parses this file once and fastpubsub.db.queries calls
+-- the queries by name; each is one statement, so each call is one round trip.
 
 -- ping --
 SELECT 1
@@ -64,14 +64,23 @@ SELECT fastpubsub.touch_stream(:subscription_id)
 SELECT fastpubsub.delete_subscription(:id)
 
 -- publish --
-SELECT fastpubsub.publish_v2(:topic_id, CAST(:payloads AS jsonb), false) AS ids
+SELECT fastpubsub.publish(:topic_id, CAST(:payloads AS jsonb)) AS ids
 
 -- publish_envelopes --
-SELECT fastpubsub.publish_v2(:topic_id, CAST(:messages AS jsonb), true) AS ids
+SELECT fastpubsub.publish_envelopes(:topic_id, CAST(:messages AS jsonb)) AS ids
 
 -- consume --
 SELECT id, payload, attempts, created_at, attributes, priority
-FROM fastpubsub.consume_v2(:subscription_id, :consumer_id, :batch_size)
+FROM fastpubsub.consume(:subscription_id, :consumer_id, :batch_size)
+
+-- consume_events --
+-- One row per leased message: its id and its JSON (as consume_json renders it),
+-- for streams, which send one event per message.
+SELECT c.id, fastpubsub._message_json(
+           c.id, :subscription_id, c.payload, c.attempts, c.created_at, c.attributes, c.priority)::text AS data
+FROM fastpubsub.consume(:subscription_id, :consumer_id, :batch_size) WITH ORDINALITY
+    AS c(id, payload, attributes, priority, attempts, created_at, ord)
+ORDER BY c.ord
 
 -- consume_json --
 -- The same as consume, rendered as the API's JSON array by PostgreSQL itself:
@@ -84,15 +93,10 @@ FROM fastpubsub.consume_v2(:subscription_id, :consumer_id, :batch_size)
 SELECT c.leased, c.data, CASE WHEN c.leased = 0 THEN fastpubsub.next_due(:subscription_id) END AS due
 FROM (
     SELECT count(*) AS leased,
-           coalesce(json_agg(json_build_object(
-               'id', c.id,
-               'subscription_id', CAST(:subscription_id AS text),
-               'payload', c.payload,
-               'delivery_attempts', c.attempts,
-               'created_at', to_char(c.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-               'attributes', c.attributes,
-               'priority', c.priority) ORDER BY c.ord), '[]')::text AS data
-    FROM fastpubsub.consume_v2(:subscription_id, :consumer_id, :batch_size) WITH ORDINALITY
+           coalesce(json_agg(fastpubsub._message_json(
+               c.id, :subscription_id, c.payload, c.attempts, c.created_at, c.attributes, c.priority)
+               ORDER BY c.ord), '[]')::text AS data
+    FROM fastpubsub.consume(:subscription_id, :consumer_id, :batch_size) WITH ORDINALITY
         AS c(id, payload, attributes, priority, attempts, created_at, ord)
 ) AS c
 
@@ -106,7 +110,16 @@ SELECT nacked, dead_lettered FROM fastpubsub.nack(:subscription_id, CAST(:ids AS
 SELECT fastpubsub.extend_lease(:subscription_id, CAST(:ids AS uuid[]), :seconds) AS extended
 
 -- list_dlq --
-SELECT id, payload, attempts, created_at FROM fastpubsub.list_dlq(:subscription_id, :offset, :limit)
+SELECT id, payload, attempts, created_at, attributes, priority
+FROM fastpubsub.list_dlq(:subscription_id, :offset, :limit)
+
+-- list_dlq_json --
+-- The dead letters as the API's JSON array (the shape consume_json renders).
+SELECT coalesce(json_agg(fastpubsub._message_json(
+           d.id, :subscription_id, d.payload, d.attempts, d.created_at, d.attributes, d.priority)
+           ORDER BY d.ord), '[]')::text AS data
+FROM fastpubsub.list_dlq(:subscription_id, :offset, :limit) WITH ORDINALITY
+    AS d(id, payload, attributes, priority, attempts, created_at, ord)
 
 -- reprocess_dlq --
 SELECT fastpubsub.reprocess_dlq(:subscription_id, CAST(:ids AS uuid[])) AS reprocessed
@@ -118,7 +131,7 @@ SELECT acked_deleted, messages_deleted FROM fastpubsub.cleanup_acked(:older_than
 SELECT fastpubsub.cleanup_idempotency_keys(:older_than_seconds, :batch_size) AS deleted
 
 -- cleanup_stuck --
-SELECT released, dead_lettered FROM fastpubsub.cleanup_stuck_v2(:lock_timeout_seconds)
+SELECT released, dead_lettered FROM fastpubsub.cleanup_stuck(:lock_timeout_seconds)
 
 -- subscription_metrics --
 SELECT available, delivered, delayed, acked, dlq, oldest_available_age_seconds

@@ -13,8 +13,8 @@ import pytest
 
 from fastpubsub import auth
 from fastpubsub.api.app import create_app
-from fastpubsub.api.hotpaths import HotPaths
-from fastpubsub.database import Database
+from fastpubsub.api.fastpath import FastPath
+from fastpubsub.db import Database
 from fastpubsub.settings import Settings
 
 SECRET_KEY = "test-signing-key-" + "k" * 60
@@ -51,7 +51,7 @@ async def fast_and_routed(
     fast = await make_api(**overrides)
     routed = await make_api(**overrides)
     app = routed.app  # type: ignore[attr-defined]
-    app.user_middleware = [m for m in app.user_middleware if m.cls is not HotPaths]
+    app.user_middleware = [m for m in app.user_middleware if m.cls is not FastPath]
     app.middleware_stack = app.build_middleware_stack()
     return fast, routed
 

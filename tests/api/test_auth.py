@@ -14,7 +14,7 @@ import jwt
 import pytest
 
 from fastpubsub.api.app import create_app
-from fastpubsub.database import Database
+from fastpubsub.db import Database
 from fastpubsub.exceptions import ConfigurationError
 from tests.api.conftest import SECRET_KEY, ClientFactory, create_client_record, make_settings, token_for
 

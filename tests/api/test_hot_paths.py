@@ -1,7 +1,7 @@
 """Publish, consume and ack answered by the hot-path middleware answer exactly as the routes do.
 
 Each case runs against two applications on the same database: the normal one,
-and one with the `HotPaths` middleware taken out, so every answer comes from
+and one with the `FastPath` middleware taken out, so every answer comes from
 the router. Status, body and the headers that matter must agree.
 """
 
@@ -13,7 +13,7 @@ import httpx
 import orjson
 import pytest
 
-from fastpubsub.api import hotpaths
+from fastpubsub.api import fastpath
 from tests.api.conftest import ClientFactory, create_client_record, fast_and_routed, token_for
 
 JSON_TYPE = "application/json"
@@ -42,13 +42,15 @@ async def test_consume_returns_the_same_page(
 ) -> None:
     fast, routed = pair
     served: list[str] = []
-    real = hotpaths.consume_page
+    real = fastpath.FastPath._consume
 
-    async def counting(*args: Any) -> bytes:
-        served.append(args[2])
-        return await real(*args)
+    async def counting(self: Any, subscription_id: str, *args: Any) -> bool:
+        answered = await real(self, subscription_id, *args)
+        if answered:
+            served.append(subscription_id)
+        return answered
 
-    monkeypatch.setattr(hotpaths, "consume_page", counting)
+    monkeypatch.setattr(fastpath.FastPath, "_consume", counting)
     messages = [{"n": i, "text": 'A&B "quoted" \\ ünïcode'} for i in range(5)]
     assert (await fast.post("/topics/t/messages", json=messages)).status_code == 204
     params = {"consumer_id": "c", "batch_size": "3"}
@@ -92,13 +94,13 @@ async def test_publish_stores_and_fans_out_like_the_route(
 ) -> None:
     fast, routed = pair
     served: list[str] = []
-    real = hotpaths.publish
+    real = fastpath.FastPath._publish
 
-    async def counting(*args: Any) -> None:
-        served.append(args[1])
-        await real(*args)
+    async def counting(self: Any, topic_id: str, *args: Any) -> None:
+        served.append(topic_id)
+        await real(self, topic_id, *args)
 
-    monkeypatch.setattr(hotpaths, "publish", counting)
+    monkeypatch.setattr(fastpath.FastPath, "_publish", counting)
     before = await _published(fast, "t")
     first = [{"n": 1, "text": 'A&B "quoted" \\ ünïcode'}, {"n": 2, "nested": {"list": [1, None]}}]
     second = [{"n": 3}]

@@ -9,7 +9,7 @@ import httpx
 import psycopg
 import pytest
 
-from fastpubsub.database import libpq_url
+from fastpubsub.db.urls import libpq_url
 from tests.api.asgi import Exchange, count_queries
 from tests.api.conftest import ClientFactory, fast_and_routed
 

@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from fastpubsub.api.routers import subscriptions
+from fastpubsub.api import delivery
 from tests.api.asgi import Exchange, count_queries
 
 BIG = 2**64 + 7
@@ -48,7 +48,7 @@ async def test_a_full_stream_does_not_spin(api: httpx.AsyncClient, monkeypatch: 
 async def test_a_full_stream_wakes_when_this_process_settles_its_message(
     api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(subscriptions, "FULL_RECHECK_SECONDS", 60.0)  # only the local signal can wake it
+    monkeypatch.setattr(delivery, "FULL_RECHECK_SECONDS", 60.0)  # only the local signal can wake it
     await setup(api, ack_deadline_seconds=60)
     await api.post("/topics/t/messages", json=[{"n": 1}, {"n": 2}, {"n": 3}])
     sse = stream(api, max_in_flight=1)
@@ -68,7 +68,7 @@ async def test_a_full_stream_wakes_when_this_process_settles_its_message(
 async def test_a_full_stream_wakes_when_its_own_lease_ends(
     api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(subscriptions, "FULL_RECHECK_SECONDS", 60.0)
+    monkeypatch.setattr(delivery, "FULL_RECHECK_SECONDS", 60.0)
     await setup(api, ack_deadline_seconds=1)
     await api.post("/topics/t/messages", json=[{"n": 1}])
     sse = stream(api, max_in_flight=1)
@@ -84,7 +84,7 @@ async def test_a_full_stream_wakes_when_its_own_lease_ends(
 async def test_keep_alives_come_at_the_documented_interval(
     api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(subscriptions, "KEEPALIVE_SECONDS", 0.5)
+    monkeypatch.setattr(delivery, "KEEPALIVE_SECONDS", 0.5)
     await setup(api)
     sse = stream(api, max_in_flight=5)
     try:

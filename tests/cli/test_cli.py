@@ -14,7 +14,7 @@ from typer.testing import CliRunner, Result
 
 from fastpubsub import auth
 from fastpubsub.cli import app
-from fastpubsub.database import libpq_url
+from fastpubsub.db.urls import libpq_url
 from fastpubsub.embedded import free_port
 from fastpubsub.settings import get_settings
 from tests.conftest import PostgresServer
@@ -154,15 +154,15 @@ def test_cleanups_report_what_they_touched(invoke: Invoke, database_url: str) ->
     with psycopg.connect(libpq_url(database_url), autocommit=True) as conn:
         conn.execute("SELECT fastpubsub.create_topic('t')")
         conn.execute("SELECT fastpubsub.create_subscription('s', 't', NULL, 5, 1, 10, 30)")
-        conn.execute("""SELECT fastpubsub.publish_v2('t', '[{"n": 1}, {"n": 2}, {"n": 3}]', false)""")
-        ids = [row[0] for row in conn.execute("SELECT id FROM fastpubsub.consume_v2('s', 'w', 3)")]
+        conn.execute("""SELECT fastpubsub.publish('t', '[{"n": 1}, {"n": 2}, {"n": 3}]')""")
+        ids = [row[0] for row in conn.execute("SELECT id FROM fastpubsub.consume('s', 'w', 3)")]
         conn.execute("SELECT fastpubsub.ack('s', %s::uuid[])", (ids[:2],))
         conn.execute("UPDATE fastpubsub.acked_deliveries SET acked_at = now() - interval '2 hours'")
         # A topic nobody subscribes to: its message is unrouted and recent; its idempotency
         # key is old, but stays as long as its message does.
         conn.execute("SELECT fastpubsub.create_topic('k')")
         conn.execute(
-            """SELECT fastpubsub.publish_v2('k', '[{"payload": {}, "idempotency_key": "once"}]', true)"""
+            """SELECT fastpubsub.publish_envelopes('k', '[{"payload": {}, "idempotency_key": "once"}]')"""
         )
         conn.execute("UPDATE fastpubsub.idempotency_keys SET created_at = now() - interval '2 hours'")
     acked = invoke("cleanup-acked-messages", "--batch-size", "1")
@@ -179,9 +179,9 @@ def test_cleanup_stuck_says_what_it_did(invoke: Invoke, database_url: str) -> No
         conn.execute("SELECT fastpubsub.create_topic('t')")
         conn.execute("SELECT fastpubsub.create_subscription('retry', 't', NULL, 5, 1, 10, 30)")
         conn.execute("SELECT fastpubsub.create_subscription('once', 't', NULL, 1, 1, 10, 30)")
-        conn.execute("""SELECT fastpubsub.publish_v2('t', '[{"n": 1}]', false)""")
-        conn.execute("SELECT fastpubsub.consume_v2('retry', 'w', 1)")
-        conn.execute("SELECT fastpubsub.consume_v2('once', 'w', 1)")
+        conn.execute("""SELECT fastpubsub.publish('t', '[{"n": 1}]')""")
+        conn.execute("SELECT fastpubsub.consume('retry', 'w', 1)")
+        conn.execute("SELECT fastpubsub.consume('once', 'w', 1)")
     live = invoke("cleanup_stuck_messages", "--lock-timeout", "0")
     assert live.exit_code == 0, live.output
     assert live.output.startswith("ended 0 stuck leases")  # both leases are within their deadline

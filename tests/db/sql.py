@@ -40,7 +40,7 @@ def create_subscription(
 
 def publish(conn: psycopg.Connection, topic_id: str, payloads: Any) -> list[UUID]:
     row = conn.execute(
-        "SELECT fastpubsub.publish_v2(%s, %s::jsonb, false)", (topic_id, json.dumps(payloads))
+        "SELECT fastpubsub.publish(%s, %s::jsonb)", (topic_id, json.dumps(payloads))
     ).fetchone()
     assert row is not None
     return list(row[0])
@@ -48,7 +48,7 @@ def publish(conn: psycopg.Connection, topic_id: str, payloads: Any) -> list[UUID
 
 def publish_envelopes(conn: psycopg.Connection, topic_id: str, messages: Any) -> list[UUID]:
     row = conn.execute(
-        "SELECT fastpubsub.publish_v2(%s, %s::jsonb, true)", (topic_id, json.dumps(messages))
+        "SELECT fastpubsub.publish_envelopes(%s, %s::jsonb)", (topic_id, json.dumps(messages))
     ).fetchone()
     assert row is not None
     return list(row[0])
@@ -57,7 +57,7 @@ def publish_envelopes(conn: psycopg.Connection, topic_id: str, messages: Any) ->
 def consume(conn: psycopg.Connection, subscription_id: str, consumer: str = "c1", n: int = 10) -> list[Any]:
     """(id, payload, attempts, created_at) rows; consume_full adds attributes and priority."""
     return conn.execute(
-        "SELECT id, payload, attempts, created_at FROM fastpubsub.consume_v2(%s, %s, %s)",
+        "SELECT id, payload, attempts, created_at FROM fastpubsub.consume(%s, %s, %s)",
         (subscription_id, consumer, n),
     ).fetchall()
 
@@ -65,7 +65,7 @@ def consume(conn: psycopg.Connection, subscription_id: str, consumer: str = "c1"
 def consume_full(
     conn: psycopg.Connection, subscription_id: str, consumer: str = "c1", n: int = 10
 ) -> list[Any]:
-    cur = conn.execute("SELECT * FROM fastpubsub.consume_v2(%s, %s, %s)", (subscription_id, consumer, n))
+    cur = conn.execute("SELECT * FROM fastpubsub.consume(%s, %s, %s)", (subscription_id, consumer, n))
     assert cur.description is not None
     names = [col.name for col in cur.description]
     return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]

@@ -17,7 +17,9 @@ def cleanup_acked(conn: psycopg.Connection, older_than: int, batch: int) -> tupl
 
 
 def cleanup_stuck(conn: psycopg.Connection, timeout: int) -> int:
-    return int(conn.execute("SELECT fastpubsub.cleanup_stuck(%s)", (timeout,)).fetchone()[0])
+    """Leases ended: released plus dead-lettered."""
+    released, dead = conn.execute("SELECT * FROM fastpubsub.cleanup_stuck(%s)", (timeout,)).fetchone()
+    return int(released) + int(dead)
 
 
 def age_acked(conn: psycopg.Connection, seconds: int) -> None:

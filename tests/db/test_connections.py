@@ -7,7 +7,9 @@ import asyncio
 import pytest
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from fastpubsub.database import Database, _HeldConnections, sync_url
+from fastpubsub.db import Database
+from fastpubsub.db.pool import HeldConnections
+from fastpubsub.db.urls import sync_url
 from fastpubsub.exceptions import DatabaseUnavailableError
 
 
@@ -25,7 +27,7 @@ async def _backend_pid(held) -> int:  # type: ignore[no-untyped-def]
 
 
 async def test_a_released_connection_is_reused(engine) -> None:  # type: ignore[no-untyped-def]
-    pool = _HeldConnections(engine, keep=1, limit=2, timeout=1)
+    pool = HeldConnections(engine, keep=1, limit=2, timeout=1)
     first = await pool.acquire()
     pid = await _backend_pid(first)
     await pool.release(first)
@@ -36,7 +38,7 @@ async def test_a_released_connection_is_reused(engine) -> None:  # type: ignore[
 
 
 async def test_beyond_the_limit_a_caller_waits_for_a_connection(engine) -> None:  # type: ignore[no-untyped-def]
-    pool = _HeldConnections(engine, keep=1, limit=1, timeout=5)
+    pool = HeldConnections(engine, keep=1, limit=1, timeout=5)
     held = await pool.acquire()
     pid = await _backend_pid(held)
     waiting = asyncio.create_task(pool.acquire())
@@ -50,7 +52,7 @@ async def test_beyond_the_limit_a_caller_waits_for_a_connection(engine) -> None:
 
 
 async def test_waiting_too_long_is_database_unavailable(engine) -> None:  # type: ignore[no-untyped-def]
-    pool = _HeldConnections(engine, keep=1, limit=1, timeout=0.2)
+    pool = HeldConnections(engine, keep=1, limit=1, timeout=0.2)
     held = await pool.acquire()
     with pytest.raises(DatabaseUnavailableError, match="no database connection became free"):
         await pool.acquire()
@@ -62,7 +64,7 @@ async def test_waiting_too_long_is_database_unavailable(engine) -> None:  # type
 
 
 async def test_a_cancelled_waiter_does_not_swallow_a_connection(engine) -> None:  # type: ignore[no-untyped-def]
-    pool = _HeldConnections(engine, keep=1, limit=1, timeout=5)
+    pool = HeldConnections(engine, keep=1, limit=1, timeout=5)
     held = await pool.acquire()
     waiting = asyncio.create_task(pool.acquire())
     await asyncio.sleep(0.05)
@@ -76,7 +78,7 @@ async def test_a_cancelled_waiter_does_not_swallow_a_connection(engine) -> None:
 
 
 async def test_a_connection_left_mid_transaction_is_closed_not_reused(engine) -> None:  # type: ignore[no-untyped-def]
-    pool = _HeldConnections(engine, keep=2, limit=2, timeout=1)
+    pool = HeldConnections(engine, keep=2, limit=2, timeout=1)
     held = await pool.acquire()
     pid = await _backend_pid(held)
     await held.driver.execute("BEGIN")
@@ -88,7 +90,7 @@ async def test_a_connection_left_mid_transaction_is_closed_not_reused(engine) ->
 
 
 async def test_beyond_keep_connections_go_back(engine) -> None:  # type: ignore[no-untyped-def]
-    pool = _HeldConnections(engine, keep=1, limit=3, timeout=1)
+    pool = HeldConnections(engine, keep=1, limit=3, timeout=1)
     taken = [await pool.acquire() for _ in range(3)]
     for held in taken:
         await pool.release(held)

@@ -140,11 +140,9 @@ def test_consume_reads_only_what_it_leases_however_long_the_backlog(
     assert updates == hot_updates == 10
 
 
-def test_the_first_revisions_consume_leases_through_the_same_index_seek(
-    queue: psycopg.Connection, connect
-) -> None:
-    """fastpubsub.consume (id, payload, attempts, created_at) stays part of the SQL interface:
-    the same O(batch) seek, priorities and attempts as consume_v2."""
+def test_consume_returns_its_documented_row_through_an_index_seek(queue: psycopg.Connection, connect) -> None:
+    """fastpubsub.consume, part of the SQL interface: (id, payload, attributes, priority, attempts,
+    created_at), highest priority first, an O(batch) index seek."""
     for _ in range(20):
         publish(queue, "jobs", [{"n": i} for i in range(1000)])
     urgent = publish_envelopes(queue, "jobs", [{"payload": {"urgent": True}, "priority": 5}])
@@ -152,7 +150,14 @@ def test_the_first_revisions_consume_leases_through_the_same_index_seek(
     tx = connect(autocommit=False)
     cur = tx.execute("SELECT * FROM fastpubsub.consume('workers', 'w', 10)")
     assert cur.description is not None
-    assert [col.name for col in cur.description] == ["id", "payload", "attempts", "created_at"]
+    assert [col.name for col in cur.description] == [
+        "id",
+        "payload",
+        "attributes",
+        "priority",
+        "attempts",
+        "created_at",
+    ]
     rows = cur.fetchall()
     seq_scans, index_rows = tx.execute(
         """SELECT seq_scan, idx_tup_fetch FROM pg_stat_xact_user_tables WHERE relname = 'deliveries'"""
@@ -162,6 +167,7 @@ def test_the_first_revisions_consume_leases_through_the_same_index_seek(
     assert rows[0][0] == urgent[0]  # the highest priority first
     assert rows[0][1] == {"urgent": True}
     assert [row[1]["n"] for row in rows[1:]] == list(range(9))
-    assert {row[2] for row in rows} == {1}
+    assert rows[0][3] == 5
+    assert {row[4] for row in rows} == {1}
     assert seq_scans == 0
     assert index_rows <= 20

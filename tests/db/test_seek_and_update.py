@@ -74,7 +74,7 @@ def test_seek_keeps_delayed_messages_waiting(conn: psycopg.Connection) -> None:
     create_topic(conn, "t")
     create_subscription(conn, "s", "t")
     conn.execute(
-        """SELECT fastpubsub.publish_v2('t', '[{"payload": {"later": 1}, "delay_seconds": 600}]', true)"""
+        """SELECT fastpubsub.publish_envelopes('t', '[{"payload": {"later": 1}, "delay_seconds": 600}]')"""
     )
     assert seek(conn, "s", "2000-01-01T00:00:00Z") == (0, 0)
     assert metrics(conn, "s")["delayed"] == 1

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from fastpubsub import report as helpers
+from fastpubsub.spark import launch as helpers
 
 NO_JAVA = helpers.find_java() is None
 requires_java = pytest.mark.skipif(NO_JAVA, reason="no Java runtime (java on PATH or JAVA_HOME)")

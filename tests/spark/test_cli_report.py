@@ -11,10 +11,10 @@ import pytest
 from sqlalchemy.engine import make_url
 from typer.testing import CliRunner, Result
 
-from fastpubsub import report as helpers
 from fastpubsub.cli import app
 from fastpubsub.embedded import free_port
 from fastpubsub.settings import get_settings
+from fastpubsub.spark import launch as helpers
 from tests.conftest import PostgresServer
 from tests.spark.conftest import requires_java
 from tests.spark.seed import EXPECTED, seed
@@ -85,7 +85,7 @@ def test_database_unreachable(invoke: Any, monkeypatch: pytest.MonkeyPatch) -> N
     url = f"postgresql://u:TopSecret99@127.0.0.1:{free_port()}/db"
     result = invoke("--database-url", url)
     assert result.exit_code == 5
-    assert "database unreachable" in one_line_error(result)
+    assert "the database is unavailable (" in one_line_error(result)
     assert "TopSecret99" not in result.output + result.stderr
 
 

@@ -1,4 +1,4 @@
-"""fastpubsub.report helpers without Spark: JDBC jar discovery, URL conversion, --since parsing."""
+"""fastpubsub.spark.launch without Spark: JDBC jar discovery, URL conversion, --since parsing."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from fastpubsub import report as helpers
 from fastpubsub.embedded import free_port
 from fastpubsub.exceptions import ConfigurationError, InvalidInputError
+from fastpubsub.spark import launch as helpers
 
 NOW = datetime(2026, 1, 15, 12, 0, tzinfo=UTC)
 
@@ -220,9 +220,11 @@ def test_spark_conf_for_local_and_cluster(tmp_path: Path) -> None:
     assert cluster["spark.ui.showConsoleProgress"] == "false"
 
 
-def test_job_is_found() -> None:
-    assert helpers.job_path().name == "report.py"
-    assert os.access(helpers.job_path(), os.R_OK)
+SUBMIT_SCRIPT = Path(__file__).resolve().parents[2] / "spark" / "report.py"
+
+
+def test_the_spark_submit_script_runs_the_packaged_job() -> None:
+    assert "from fastpubsub.spark.report import main" in SUBMIT_SCRIPT.read_text()
 
 
 def test_a_spark_submit_start_failure_is_one_line(tmp_path: Path) -> None:
@@ -234,7 +236,7 @@ def test_a_spark_submit_start_failure_is_one_line(tmp_path: Path) -> None:
     }
     url = "postgresql://u:TopSecret99@127.0.0.1:1/db"
     process = subprocess.run(
-        [sys.executable, str(helpers.job_path()), "--url", url, "--out", str(tmp_path)],
+        [sys.executable, str(SUBMIT_SCRIPT), "--url", url, "--out", str(tmp_path)],
         env=env,
         capture_output=True,
         text=True,
@@ -248,7 +250,8 @@ def test_a_spark_submit_start_failure_is_one_line(tmp_path: Path) -> None:
 
 
 def test_key_predicates_share_subscriptions_out_in_ranges() -> None:
-    job = helpers.load_job()
+    from fastpubsub.spark import report as job
+
     assert job.key_predicates("k", [5, 1, 4, 2, 3, 3], 3) == ["k < 2", "k >= 2 AND k < 4", "k >= 4"]
     assert job.key_predicates("k", [1, 2], 8) == ["k < 2", "k >= 2"]  # never more than the keys
     assert job.key_predicates("k", [7], 4) == []  # one partition: no predicate at all
@@ -257,7 +260,8 @@ def test_key_predicates_share_subscriptions_out_in_ranges() -> None:
 
 
 def test_every_value_falls_in_exactly_one_range() -> None:
-    job = helpers.load_job()
+    from fastpubsub.spark import report as job
+
     clauses = job.key_predicates("k", list(range(10, 30)), 4)
     assert len(clauses) == 4
     ranges = []
@@ -273,7 +277,8 @@ def test_every_value_falls_in_exactly_one_range() -> None:
 
 
 def test_time_predicates_split_the_window_evenly() -> None:
-    job = helpers.load_job()
+    from fastpubsub.spark import report as job
+
     lo = int(datetime(2026, 1, 1, tzinfo=UTC).timestamp() * 1_000_000)
     hi = lo + 3 * 3_600_000_000 - 1
     one, two = "TIMESTAMPTZ '2026-01-01 01:00:00.000000+00'", "TIMESTAMPTZ '2026-01-01 02:00:00.000000+00'"

@@ -18,8 +18,8 @@ import pytest
 from psycopg import sql
 from sqlalchemy.engine import make_url
 
-from fastpubsub import report as helpers
-from fastpubsub.database import libpq_url
+from fastpubsub.db.urls import libpq_url
+from fastpubsub.spark import launch as helpers
 from tests.conftest import PostgresServer
 from tests.spark.conftest import requires_java
 from tests.spark.seed import EXPECTED, LATENCIES, Seeded, seed
@@ -43,7 +43,8 @@ def seeded(module_database: str) -> Seeded:
 
 @pytest.fixture(scope="module")
 def result(spark: Any, module_database: str, seeded: Seeded, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    job = helpers.load_job()
+    from fastpubsub.spark import report as job
+
     since, until = helpers.parse_window("24h", None)
     out = tmp_path_factory.mktemp("report")
     return job.run_report(
@@ -211,7 +212,8 @@ def test_the_summary_says_when_the_window_reaches_past_retained_data(result: Any
 
 
 def test_no_retention_note_when_older_data_is_retained(result: Any) -> None:
-    job = helpers.load_job()
+    from fastpubsub.spark import report as job
+
     plan_row = {
         "messages_before": True,
         "acked_before": True,
@@ -263,7 +265,8 @@ def jdbc_relation(df: Any) -> Any:
 @pytest.fixture(scope="module")
 def reads(spark: Any, module_database: str, seeded: Seeded, result: Any) -> dict[str, Any]:
     """The reads a report makes (DataFrames are lazy: nothing but the bounds query runs)."""
-    job = helpers.load_job()
+    from fastpubsub.spark import report as job
+
     reader = job.JdbcReader(spark, helpers.to_jdbc(module_database), FETCHSIZE)
     return job._read_all(reader, result.since, result.until, PARTITIONS)
 
@@ -315,7 +318,8 @@ def test_every_partition_query_reads_through_an_index(reads: dict[str, Any], mod
 
 
 def test_the_bounds_query_reads_through_indexes(result: Any, module_database: str) -> None:
-    job = helpers.load_job()
+    from fastpubsub.spark import report as job
+
     window = f"created_at >= {job._ts(result.since)} AND created_at < {job._ts(result.until)}"
     statement = job.PLAN_SQL.format(window=window, since=job._ts(result.since))
     plan = explain(module_database, job.JdbcReader.INDEXED_SESSION_INIT, statement)
@@ -325,7 +329,7 @@ def test_the_bounds_query_reads_through_indexes(result: Any, module_database: st
 
 
 # ---------------------------------------------------------------------------
-# spark/report.py's main(), with a password-bearing URL
+# the job's main() (spark/report.py), with a password-bearing URL
 # ---------------------------------------------------------------------------
 
 
@@ -376,7 +380,8 @@ def main_run(
     """
     url, _ = reporter_url
     out = tmp_path_factory.mktemp("main") / "reports"
-    job = helpers.load_job()
+    from fastpubsub.spark import report as job
+
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         code = job.main(

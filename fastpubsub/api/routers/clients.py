@@ -13,7 +13,7 @@ from fastpubsub import auth
 from fastpubsub.api.deps import DatabaseDep, Principal, PrincipalDep
 from fastpubsub.api.errors import error_responses
 from fastpubsub.api.schemas import ClientCreate, ClientCreated, ClientOut, ClientUpdate, Page
-from fastpubsub.database import Database
+from fastpubsub.db import Database
 from fastpubsub.models import Client
 
 router = APIRouter(prefix="/clients", tags=["clients"])

@@ -2,31 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from fastapi import APIRouter, Request, Response
 
-from fastapi import APIRouter, Path, Query, Request, Response
-
-from fastpubsub import jsoncodec
+from fastpubsub.api import delivery
 from fastpubsub.api.deps import DatabaseDep, PrincipalDep, SettingsDep
 from fastpubsub.api.errors import error_responses
-from fastpubsub.api.metrics import PUBLISHED
-from fastpubsub.api.schemas import (
-    ID_DESCRIPTION,
-    ID_PATTERN,
-    Page,
-    PublishRequest,
-    PublishResponse,
-    TopicCreate,
-    TopicOut,
-)
-from fastpubsub.database import Database
-from fastpubsub.exceptions import InvalidInputError, PayloadTooLargeError
+from fastpubsub.api.params import Limit, Offset, TopicId
+from fastpubsub.api.schemas import Page, PublishRequest, PublishResponse, TopicCreate, TopicOut
 
 router = APIRouter(prefix="/topics", tags=["topics"])
-
-TopicId = Annotated[str, Path(pattern=ID_PATTERN, description=ID_DESCRIPTION)]
-Offset = Annotated[int, Query(ge=0, le=10_000_000)]
-Limit = Annotated[int, Query(ge=1, le=1000)]
 
 _PUBLISH_BODY = {
     "required": True,
@@ -82,24 +66,6 @@ async def delete_topic(topic_id: TopicId, database: DatabaseDep, principal: Prin
     return Response(status_code=204)
 
 
-def check_message_sizes(body: bytes, max_message_bytes: int) -> None:
-    """Refuse a publish holding any message above the limit (only parsed when it could)."""
-    if len(body) <= max_message_bytes:
-        return
-    try:
-        messages: Any = jsoncodec.loads(body)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise InvalidInputError(f"the body is not valid JSON: {exc}") from exc
-    if isinstance(messages, list):
-        for index, message in enumerate(messages):
-            size = len(jsoncodec.dumps(message))
-            if size > max_message_bytes:
-                raise PayloadTooLargeError(
-                    f"message at index {index} is {size} bytes, above the limit of {max_message_bytes}; "
-                    "nothing was published"
-                )
-
-
 @router.post(
     "/{topic_id}/messages",
     status_code=204,
@@ -113,21 +79,8 @@ async def publish_messages(
     topic_id: TopicId, request: Request, database: DatabaseDep, principal: PrincipalDep, settings: SettingsDep
 ) -> Response:
     principal.require("topics:publish", topic_id)
-    await publish(database, topic_id, await request.body(), settings.max_message_bytes)
+    await delivery.publish(database, topic_id, await request.body(), settings.max_message_bytes)
     return Response(status_code=204)
-
-
-async def publish(database: Database, topic_id: str, body: bytes, max_message_bytes: int) -> None:
-    """Publish a request body (a JSON array of objects); shared with the hot-path middleware."""
-    check_message_sizes(body, max_message_bytes)
-    # The body goes to PostgreSQL as it came: the database parses and checks it
-    # once (an array of objects, or nothing is stored).
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidInputError("the body must be UTF-8 encoded JSON") from exc
-    ids = await database.publish(topic_id, text)
-    PUBLISHED.labels(topic_id).inc(len(ids))
 
 
 @router.post(
@@ -151,17 +104,5 @@ async def publish_with_options(
 ) -> PublishResponse:
     principal.require("topics:publish", topic_id)
     envelopes = [message.model_dump(mode="json", exclude_none=True) for message in body.messages]
-    for index, envelope in enumerate(envelopes):
-        # What each message stores and delivers: its payload and its attributes.
-        attributes = envelope.get("attributes")
-        size = len(jsoncodec.dumps(envelope["payload"])) + (
-            len(jsoncodec.dumps(attributes)) if attributes else 0
-        )
-        if size > settings.max_message_bytes:
-            raise PayloadTooLargeError(
-                f"message at index {index} is {size} bytes, above the limit of {settings.max_message_bytes}; "
-                "nothing was published"
-            )
-    ids = await database.publish_envelopes(topic_id, envelopes)
-    PUBLISHED.labels(topic_id).inc(len(ids))
+    ids = await delivery.publish_envelopes(database, topic_id, envelopes, settings.max_message_bytes)
     return PublishResponse(message_ids=ids)

@@ -6,8 +6,8 @@ through the framework's router, dependency resolution and request validation
 costs them several hundred microseconds of CPU each, more than the database
 round trip behind them. This middleware recognises the three in their
 ordinary, well-formed shape and answers them with the same code the routes use
-(`publish`, `consume_page`, `ack`, the same principal and scope check, the same
-error responses).
+(api/delivery.py, the same principal and scope check, the same error
+responses).
 
 Anything it does not fully understand (an odd query string, ids in another
 spelling, a body that is not a JSON list of ids, another content type) goes
@@ -25,10 +25,8 @@ import orjson
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fastpubsub.api import errors
+from fastpubsub.api import delivery, errors
 from fastpubsub.api.deps import get_principal
-from fastpubsub.api.routers.subscriptions import ack, consume_page
-from fastpubsub.api.routers.topics import publish
 from fastpubsub.api.schemas import (
     DEFAULT_BATCH_SIZE,
     ID_PATTERN,
@@ -50,7 +48,7 @@ _WAIT = re.compile(r"[0-9]{1,4}(\.[0-9]{1,6})?")
 _MAX_ACK_BODY = MAX_IDS * 64  # room for MAX_IDS ids, the most one request may carry
 
 
-class HotPaths:
+class FastPath:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
@@ -89,7 +87,7 @@ class HotPaths:
         state = request.app.state
         try:
             await self._authorize(request, subscription_id)
-            body = await consume_page(
+            body = await delivery.consume_page(
                 state.database,
                 state.listener,
                 subscription_id,
@@ -134,7 +132,7 @@ class HotPaths:
         request = Request(scope, receive)
         try:
             await self._authorize(request, subscription_id)
-            await ack(request.app.state.database, subscription_id, ids)
+            await delivery.ack(request.app.state.database, subscription_id, ids)
         except Exception as exc:
             await (await errors.response_for(request, exc))(scope, receive, send)
             return
@@ -157,7 +155,7 @@ class HotPaths:
             if message is not None:  # the client went away before the body was complete
                 return
             state = request.app.state
-            await publish(state.database, topic_id, body, state.settings.max_message_bytes)
+            await delivery.publish(state.database, topic_id, body, state.settings.max_message_bytes)
         except Exception as exc:
             await (await errors.response_for(request, exc))(scope, receive, send)
             return

@@ -1,9 +1,8 @@
-"""Helpers for the Spark report (`fastpubsub report`, spark/report.py).
+"""Launching Spark jobs: Java, the JDBC driver, database URLs as JDBC, time windows, the session.
 
-Nothing here imports PySpark at module level: finding Java and the JDBC driver,
-turning a database URL into a JDBC URL plus credentials, parsing `--since`
-values and starting a quiet local Spark session. The job itself lives in
-spark/report.py (see docs/reporting.md).
+Nothing here imports PySpark at module level, so `fastpubsub report` can say
+in one line what is missing before Spark starts. The jobs themselves are
+fastpubsub/spark/report.py (see docs/reporting.md).
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
+from fastpubsub.db.urls import mask_url
 from fastpubsub.exceptions import ConfigurationError, InvalidInputError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -161,16 +161,6 @@ class JdbcTarget:
 
     def __str__(self) -> str:
         return self.masked_url
-
-
-_SECRET_PARAM = re.compile(r"(?i)(password|sslpassword|pass|pwd)=([^&;\s]*)")
-_USERINFO = re.compile(r"(?i)(\w[\w+.-]*://)([^:/@\s]*):([^@/\s]*)@")
-
-
-def mask_url(text: str) -> str:
-    """`text` with any password in a URL (user:pass@ or password=) replaced by ***."""
-    text = _USERINFO.sub(r"\1\2:***@", text)
-    return _SECRET_PARAM.sub(r"\1=***", text)
 
 
 def to_jdbc(url: str) -> JdbcTarget:
@@ -369,32 +359,6 @@ def get_configured_jar() -> Path | None:
     return get_settings().jdbc_jar
 
 
-def job_path() -> Path:
-    """spark/report.py: bundled with an installed package, or in the source checkout."""
-    package = Path(__file__).resolve().parent
-    for candidate in (package / "_bundled" / "spark" / "report.py", package.parent / "spark" / "report.py"):
-        if candidate.is_file():
-            return candidate
-    raise ConfigurationError("the Spark job spark/report.py is missing from this installation")
-
-
-def load_job() -> Any:
-    """Import spark/report.py as a module (it is a script, not part of the package)."""
-    import importlib.util
-
-    name = "fastpubsub_spark_report"
-    if name in sys.modules:
-        return sys.modules[name]
-    path = job_path()
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ConfigurationError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def check_database(url: str, timeout: int = 5) -> None:
     """Fail fast, in one line, when the database cannot be read.
 
@@ -405,29 +369,11 @@ def check_database(url: str, timeout: int = 5) -> None:
     """
     import psycopg
 
-    from fastpubsub.database import libpq_url
-    from fastpubsub.exceptions import (
-        NOT_MIGRATED_STATES,
-        DatabaseUnavailableError,
-        refused_for_good,
-    )
+    from fastpubsub.db.errors import raise_translated
+    from fastpubsub.db.urls import libpq_url
 
     try:
         with psycopg.connect(libpq_url(url), connect_timeout=timeout) as conn:
             conn.execute("SELECT 1 FROM fastpubsub.deliveries LIMIT 0")
-    except psycopg.OperationalError as exc:
-        lines = str(exc).strip().splitlines()
-        reason = mask_url(" ".join(lines[0].split())).removeprefix("connection failed: ") if lines else ""
-        if refused_for_good(reason):
-            raise ConfigurationError(
-                f"cannot connect to the database: {reason} (check the database URL)"
-            ) from None
-        raise DatabaseUnavailableError(f"database unreachable: {reason or type(exc).__name__}") from None
     except psycopg.Error as exc:
-        first = mask_url(" ".join(str(exc).strip().splitlines()[0].split())) if str(exc).strip() else ""
-        if exc.sqlstate in NOT_MIGRATED_STATES:
-            raise ConfigurationError(
-                f"the database is not migrated (no fastpubsub schema, or an older revision): "
-                f"run `fastpubsub db-migrate` ({first})"
-            ) from None
-        raise DatabaseUnavailableError(f"cannot read the fastpubsub tables: {first}") from None
+        raise_translated(exc)

@@ -1,0 +1,405 @@
+"""The queries: one method per named query of sql/queries.sql, each one round trip.
+
+Connections run in autocommit mode, so no BEGIN/COMMIT pair is added around
+the single statement (each stored function is atomic on its own). Driver
+errors become fastpubsub exceptions here (db/errors.py) and nowhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import psycopg.types.json
+from psycopg.rows import namedtuple_row
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from fastpubsub import jsoncodec
+from fastpubsub.db.errors import raise_translated
+from fastpubsub.db.pool import HeldConnections
+from fastpubsub.db.urls import sync_url
+from fastpubsub.exceptions import NotFoundError
+from fastpubsub.models import (
+    CleanupResult,
+    Client,
+    ClientCredentials,
+    ClientTokenState,
+    Message,
+    NackResult,
+    SeekResult,
+    StuckCleanupResult,
+    Subscription,
+    SubscriptionBacklog,
+    SubscriptionMetrics,
+    Topic,
+)
+from fastpubsub.sql.source import driver_queries
+
+# jsonb values arrive through orjson (several times faster than the json
+# module), except integers beyond 64 bits, which orjson would round.
+psycopg.types.json.set_json_loads(jsoncodec.loads)
+
+
+def _json(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str | bytes | bytearray | memoryview):
+        return bytes(value).decode("utf-8") if not isinstance(value, str) else value
+    return jsoncodec.dumps_text(value)  # integers beyond 64 bits stay exact
+
+
+def uuid_array(ids: Iterable[UUID | str]) -> str:
+    """The ids as one PostgreSQL array literal, cast to uuid[] by the query.
+
+    One text parameter costs the driver a fraction of what a list of a hundred
+    elements does. UUID objects print safely as they are; strings are quoted as
+    array elements, so whatever they hold reaches PostgreSQL as one element
+    (and an invalid one is refused there by the uuid cast).
+    """
+    return "{" + ",".join(str(i) if isinstance(i, UUID) else _array_element(i) for i in ids) + "}"
+
+
+def _array_element(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+class Database:
+    """Async access to one fastpubsub database through a connection pool."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 5,
+        max_overflow: int = 10,
+        pool_pre_ping: bool = False,
+        echo: bool = False,
+        statement_timeout_ms: int = 30000,
+        application_name: str = "fastpubsub",
+        pool_timeout: float = 10.0,
+    ) -> None:
+        self.url = sync_url(url)
+        options = f"-c TimeZone=UTC -c statement_timeout={statement_timeout_ms}"
+        self.engine: AsyncEngine = create_async_engine(
+            self.url,
+            isolation_level="AUTOCOMMIT",
+            pool_size=pool_size,
+            max_overflow=max_overflow,
+            pool_pre_ping=pool_pre_ping,
+            pool_timeout=pool_timeout,
+            # Every statement commits on its own (autocommit): a connection
+            # coming back to the pool has no transaction to roll back.
+            pool_reset_on_return=None,
+            echo=echo,
+            connect_args={
+                "options": options,
+                "application_name": application_name,
+                "connect_timeout": 5,
+            },
+        )
+        self._connections = HeldConnections(
+            self.engine, keep=pool_size, limit=pool_size + max_overflow, timeout=pool_timeout
+        )
+
+    async def close(self) -> None:
+        await self._connections.close_idle()
+        await self.engine.dispose()
+
+    async def discard_idle_connections(self) -> None:
+        """Drop pooled connections (after the server went away they are all stale)."""
+        await self._connections.close_idle()
+        await self.engine.dispose()
+
+    # -- plumbing ------------------------------------------------------------
+    async def _rows(self, query: str, /, **params: Any) -> Sequence[Any]:
+        """Run a named query: one round trip, rows with attribute access.
+
+        The connection comes from SQLAlchemy's pool (kept out between
+        statements, see `_HeldConnections`); the statement goes straight to
+        psycopg underneath, which costs a fraction of SQLAlchemy's execution
+        layer on the hot paths (and these are single statements with no ORM).
+        """
+        try:
+            held = await self._connections.acquire()
+            try:
+                cursor = held.driver.cursor(row_factory=namedtuple_row)
+                await cursor.execute(driver_queries()[query], params)
+                return await cursor.fetchall() if cursor.description else []
+            finally:
+                await self._connections.release(held)
+        except Exception as exc:
+            raise_translated(exc)
+
+    async def _one(self, query: str, missing: str | None = None, /, **params: Any) -> Any:
+        rows = await self._rows(query, **params)
+        if not rows:
+            raise NotFoundError(missing)
+        return rows[0]
+
+    # -- health --------------------------------------------------------------
+    async def ping(self) -> None:
+        """Raise DatabaseUnavailableError unless the database answers."""
+        await self._rows("ping")
+
+    # -- topics --------------------------------------------------------------
+    async def create_topic(self, topic_id: str) -> Topic:
+        row = await self._one("create_topic", id=topic_id)
+        return Topic(*row)
+
+    async def get_topic(self, topic_id: str) -> Topic:
+        row = await self._one("get_topic", f'topic "{topic_id}" not found', id=topic_id)
+        return Topic(*row)
+
+    async def list_topics(self, offset: int = 0, limit: int = 10) -> list[Topic]:
+        return [Topic(*row) for row in await self._rows("list_topics", offset=offset, limit=limit)]
+
+    async def delete_topic(self, topic_id: str) -> None:
+        await self._rows("delete_topic", id=topic_id)
+
+    # -- subscriptions -------------------------------------------------------
+    async def create_subscription(
+        self,
+        subscription_id: str,
+        topic_id: str,
+        *,
+        filter: Any = None,
+        max_delivery_attempts: int | None = None,
+        backoff_min_seconds: int | None = None,
+        backoff_max_seconds: int | None = None,
+        ack_deadline_seconds: int | None = None,
+    ) -> Subscription:
+        row = await self._one(
+            "create_subscription",
+            id=subscription_id,
+            topic_id=topic_id,
+            filter=_json(filter),
+            max_delivery_attempts=max_delivery_attempts,
+            backoff_min_seconds=backoff_min_seconds,
+            backoff_max_seconds=backoff_max_seconds,
+            ack_deadline_seconds=ack_deadline_seconds,
+        )
+        return Subscription(*row)
+
+    async def get_subscription(self, subscription_id: str) -> Subscription:
+        row = await self._one(
+            "get_subscription", f'subscription "{subscription_id}" not found', id=subscription_id
+        )
+        return Subscription(*row)
+
+    async def list_subscriptions(self, offset: int = 0, limit: int = 10) -> list[Subscription]:
+        rows = await self._rows("list_subscriptions", offset=offset, limit=limit)
+        return [Subscription(*row) for row in rows]
+
+    async def update_subscription(
+        self,
+        subscription_id: str,
+        *,
+        set_filter: bool = False,
+        filter: Any = None,
+        max_delivery_attempts: int | None = None,
+        backoff_min_seconds: int | None = None,
+        backoff_max_seconds: int | None = None,
+        ack_deadline_seconds: int | None = None,
+    ) -> Subscription:
+        """Change the filter (when set_filter) and the policies given; None keeps a value."""
+        row = await self._one(
+            "update_subscription",
+            id=subscription_id,
+            set_filter=set_filter,
+            filter=_json(filter),
+            max_delivery_attempts=max_delivery_attempts,
+            backoff_min_seconds=backoff_min_seconds,
+            backoff_max_seconds=backoff_max_seconds,
+            ack_deadline_seconds=ack_deadline_seconds,
+        )
+        return Subscription(*row)
+
+    async def seek(self, subscription_id: str, time: datetime) -> SeekResult:
+        """Replay retained messages published at or after `time`; earlier pending ones count as acked."""
+        row = await self._one("seek", subscription_id=subscription_id, time=time)
+        return SeekResult(*row)
+
+    async def leases_held(
+        self, subscription_id: str, consumer_id: str, ids: Iterable[UUID | str]
+    ) -> dict[UUID, float]:
+        """Which of `ids` are still leased to `consumer_id` (not acked, nacked or run out): seconds left."""
+        rows = await self._rows(
+            "leases_held", subscription_id=subscription_id, consumer_id=consumer_id, ids=uuid_array(ids)
+        )
+        return {row.message_id: float(row.seconds) for row in rows}
+
+    async def touch_stream(self, subscription_id: str) -> None:
+        """Tell acks and nacks of this subscription to wake streams (for the next minute)."""
+        await self._rows("touch_stream", subscription_id=subscription_id)
+
+    async def delete_subscription(self, subscription_id: str) -> None:
+        await self._rows("delete_subscription", id=subscription_id)
+
+    # -- messages ------------------------------------------------------------
+    async def publish(self, topic_id: str, payloads: Any) -> list[UUID]:
+        """Publish a JSON array of objects (raw JSON text or Python objects); returns ids in order."""
+        row = await self._one("publish", topic_id=topic_id, payloads=_json(payloads))
+        return list(row.ids)
+
+    async def publish_envelopes(self, topic_id: str, messages: Any) -> list[UUID]:
+        """Publish envelopes {payload, attributes, idempotency_key, delay_seconds | deliver_at, priority}."""
+        row = await self._one("publish_envelopes", topic_id=topic_id, messages=_json(messages))
+        return list(row.ids)
+
+    async def consume(self, subscription_id: str, consumer_id: str, batch_size: int = 10) -> list[Message]:
+        rows = await self._rows(
+            "consume", subscription_id=subscription_id, consumer_id=consumer_id, batch_size=batch_size
+        )
+        return [Message(*row) for row in rows]
+
+    async def consume_json(
+        self, subscription_id: str, consumer_id: str, batch_size: int = 10
+    ) -> tuple[int, str, float | None]:
+        """Lease messages rendered as the API's JSON array (text): how many, the array, and next_due.
+
+        next_due (seconds until a retry, delayed message or lease end may change
+        things; None: nothing pending) comes only when nothing was leased, so a
+        long-poll look is one round trip.
+        """
+        row = await self._one(
+            "consume_json",
+            subscription_id=subscription_id,
+            consumer_id=consumer_id,
+            batch_size=batch_size,
+        )
+        return int(row.leased), str(row.data), None if row.due is None else float(row.due)
+
+    async def consume_events(
+        self, subscription_id: str, consumer_id: str, batch_size: int = 10
+    ) -> list[tuple[UUID, str]]:
+        """Lease messages, each with its JSON rendering (what a stream sends as one event)."""
+        rows = await self._rows(
+            "consume_events", subscription_id=subscription_id, consumer_id=consumer_id, batch_size=batch_size
+        )
+        return [(row.id, row.data) for row in rows]
+
+    async def ack(self, subscription_id: str, ids: Iterable[UUID | str]) -> int:
+        row = await self._one("ack", subscription_id=subscription_id, ids=uuid_array(ids))
+        return int(row.acked)
+
+    async def nack(self, subscription_id: str, ids: Iterable[UUID | str]) -> NackResult:
+        row = await self._one("nack", subscription_id=subscription_id, ids=uuid_array(ids))
+        return NackResult(*row)
+
+    async def extend_lease(self, subscription_id: str, ids: Iterable[UUID | str], seconds: int) -> int:
+        row = await self._one(
+            "extend_lease", subscription_id=subscription_id, ids=uuid_array(ids), seconds=seconds
+        )
+        return int(row.extended)
+
+    async def list_dlq(self, subscription_id: str, offset: int = 0, limit: int = 10) -> list[Message]:
+        rows = await self._rows("list_dlq", subscription_id=subscription_id, offset=offset, limit=limit)
+        return [Message(*row) for row in rows]
+
+    async def list_dlq_json(self, subscription_id: str, offset: int = 0, limit: int = 10) -> str:
+        """Dead letters rendered as the API's JSON array (text)."""
+        row = await self._one("list_dlq_json", subscription_id=subscription_id, offset=offset, limit=limit)
+        return str(row.data)
+
+    async def reprocess_dlq(self, subscription_id: str, ids: Iterable[UUID | str]) -> int:
+        row = await self._one("reprocess_dlq", subscription_id=subscription_id, ids=uuid_array(ids))
+        return int(row.reprocessed)
+
+    async def subscription_metrics(self, subscription_id: str) -> SubscriptionMetrics:
+        row = await self._one("subscription_metrics", subscription_id=subscription_id)
+        return SubscriptionMetrics(*row)
+
+    async def all_subscription_metrics(self) -> list[SubscriptionBacklog]:
+        rows = await self._rows("all_subscription_metrics")
+        return [SubscriptionBacklog(row[0], row[1], SubscriptionMetrics(*row[2:])) for row in rows]
+
+    # -- maintenance ---------------------------------------------------------
+    async def cleanup_acked(
+        self,
+        older_than_seconds: int,
+        batch_size: int = 5000,
+        on_batch: Callable[[CleanupResult], None] | None = None,
+    ) -> CleanupResult:
+        """Delete acked deliveries older than the cut-off, one short transaction per batch."""
+        acked = messages = keys = 0
+        while True:
+            row = await self._one(
+                "cleanup_acked", older_than_seconds=older_than_seconds, batch_size=batch_size
+            )
+            keys_row = await self._one(
+                "cleanup_idempotency_keys", older_than_seconds=older_than_seconds, batch_size=batch_size
+            )
+            batch = CleanupResult(row.acked_deleted, row.messages_deleted, keys_row.deleted)
+            acked += batch.acked_deleted
+            messages += batch.messages_deleted
+            keys += batch.idempotency_keys_deleted
+            if on_batch is not None:
+                on_batch(batch)
+            if max(batch.acked_deleted, batch.messages_deleted, batch.idempotency_keys_deleted) < batch_size:
+                return CleanupResult(acked, messages, keys)
+            await asyncio.sleep(0)
+
+    async def next_due(self, subscription_id: str) -> float | None:
+        """Seconds until a retry or an ending lease makes a message deliverable, if any."""
+        row = await self._one("next_due", subscription_id=subscription_id)
+        return None if row.seconds is None else float(row.seconds)
+
+    async def cleanup_stuck(self, lock_timeout_seconds: int) -> StuckCleanupResult:
+        """End leases that ran out and were taken longer ago than the timeout (never a live one)."""
+        row = await self._one("cleanup_stuck", lock_timeout_seconds=lock_timeout_seconds)
+        return StuckCleanupResult(int(row.released), int(row.dead_lettered))
+
+    # -- clients -------------------------------------------------------------
+    async def create_client(
+        self, client_id: UUID, name: str, scopes: str, is_active: bool, secret_hash: str
+    ) -> Client:
+        row = await self._one(
+            "create_client",
+            id=client_id,
+            name=name,
+            scopes=scopes,
+            is_active=is_active,
+            secret_hash=secret_hash,
+        )
+        return Client(*row)
+
+    async def get_client(self, client_id: UUID) -> Client:
+        row = await self._one("get_client", f'client "{client_id}" not found', id=client_id)
+        return Client(*row)
+
+    async def get_client_credentials(self, client_id: UUID) -> ClientCredentials | None:
+        rows = await self._rows("get_client_credentials", id=client_id)
+        if not rows:
+            return None
+        return ClientCredentials(Client(*rows[0][:7]), rows[0][7])
+
+    async def list_clients(self, offset: int = 0, limit: int = 10) -> list[Client]:
+        return [Client(*row) for row in await self._rows("list_clients", offset=offset, limit=limit)]
+
+    async def update_client(self, client_id: UUID, name: str, scopes: str, is_active: bool | None) -> Client:
+        """Change a client (revoking its tokens); is_active None keeps it as it is."""
+        row = await self._one(
+            "update_client",
+            f'client "{client_id}" not found',
+            id=client_id,
+            name=name,
+            scopes=scopes,
+            is_active=is_active,
+        )
+        return Client(*row)
+
+    async def update_client_secret(self, client_id: UUID, secret_hash: str) -> Client:
+        row = await self._one(
+            "update_client_secret", f'client "{client_id}" not found', id=client_id, secret_hash=secret_hash
+        )
+        return Client(*row)
+
+    async def delete_client(self, client_id: UUID) -> None:
+        await self._one("delete_client", f'client "{client_id}" not found', id=client_id)
+
+    async def client_token_state(self, client_id: UUID) -> ClientTokenState | None:
+        rows = await self._rows("client_token_state", id=client_id)
+        return ClientTokenState(*rows[0]) if rows else None

@@ -1,0 +1,29 @@
+-- Names of the previous release, kept for one release so that servers still
+-- running it keep working while a new release rolls out (they call these).
+-- Each is one line over the current function; none is for new code. They are
+-- dropped by the first revision of the release after the one that added them
+-- (docs/schema.md, "Changing the SQL").
+
+-- (release 0.1: revision 0004) Publish; use publish or publish_envelopes.
+CREATE OR REPLACE FUNCTION fastpubsub.publish_v2(p_topic_id text, p_messages jsonb, p_envelopes boolean)
+RETURNS uuid[]
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT fastpubsub._publish(p_topic_id, p_messages, p_envelopes)
+$$;
+
+-- (release 0.1: revision 0004) Lease messages; use consume.
+CREATE OR REPLACE FUNCTION fastpubsub.consume_v2(p_subscription_id text, p_consumer_id text, p_batch_size integer)
+RETURNS TABLE(id uuid, payload jsonb, attributes jsonb, priority smallint, attempts integer, created_at timestamptz)
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT * FROM fastpubsub.consume(p_subscription_id, p_consumer_id, p_batch_size)
+$$;
+
+-- (release 0.1: revision 0004) End stuck leases; use cleanup_stuck.
+CREATE OR REPLACE FUNCTION fastpubsub.cleanup_stuck_v2(
+    p_lock_timeout_seconds integer, OUT released integer, OUT dead_lettered integer)
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT * FROM fastpubsub.cleanup_stuck(p_lock_timeout_seconds)
+$$;

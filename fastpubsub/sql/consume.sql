@@ -1,0 +1,233 @@
+-- Consuming: leasing messages, and what long-polls and streams need to wait well.
+
+-- Move a subscription's consume watermark forward.
+--
+-- Acked and leased-away rows leave dead entries at the head of the available
+-- index until VACUUM removes them, and every consume would step over all of
+-- them. The watermark lets consume seek past them instead. It is safe because
+-- a row only ever enters the available state with a newly drawn seq, so the
+-- smallest live seq never decreases -- except that a transaction which drew a
+-- seq but has not committed yet is invisible. Hence two phases:
+--   1. note the smallest visible live seq (over every priority) as a
+--      candidate, together with the xmax of the current snapshot;
+--   2. once every transaction that was running then has ended (the oldest
+--      running xid has passed that xmax), every row below the candidate that
+--      will ever be live is visible, so the watermark becomes the smallest
+--      visible live seq below the candidate, or the candidate itself.
+-- Writers take their transaction id before drawing seqs, so a transaction that
+-- starts later can only draw larger ones. Concurrent consumers skip the
+-- subscription row when another one is updating it: never a wait.
+CREATE OR REPLACE FUNCTION fastpubsub._advance_watermark(s fastpubsub.subscriptions)
+RETURNS void
+LANGUAGE plpgsql
+SET enable_sort = off
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+    v_min bigint;
+    v_seq bigint;
+    v_priority smallint;
+    v_upper bigint;
+BEGIN
+    IF s.consume_from_candidate IS NOT NULL
+       AND pg_snapshot_xmin(pg_current_snapshot()) < s.consume_from_candidate_xmax THEN
+        RETURN;  -- transactions that were running when the candidate was noted still run
+    END IF;
+    v_upper := coalesce(s.consume_from_candidate, 9223372036854775807);
+    v_priority := fastpubsub._next_priority(s.key, NULL);
+    WHILE v_priority IS NOT NULL LOOP
+        SELECT d.seq INTO v_seq FROM fastpubsub.deliveries AS d
+        WHERE d.subscription_key = s.key AND d.status = 'available' AND d.priority = v_priority
+          AND d.seq >= s.consume_from AND d.seq < v_upper
+        ORDER BY d.seq LIMIT 1;
+        IF v_seq IS NOT NULL AND (v_min IS NULL OR v_seq < v_min) THEN
+            v_min := v_seq;
+        END IF;
+        v_priority := fastpubsub._next_priority(s.key, v_priority);
+    END LOOP;
+    IF s.consume_from_candidate IS NULL THEN
+        IF v_min IS NULL OR v_min <= s.consume_from THEN
+            RETURN;
+        END IF;
+        UPDATE fastpubsub.subscriptions AS x
+        SET consume_from_candidate = v_min,
+            consume_from_candidate_xmax = pg_snapshot_xmax(pg_current_snapshot())
+        WHERE x.ctid = (SELECT y.ctid FROM fastpubsub.subscriptions AS y
+                        WHERE y.key = s.key FOR NO KEY UPDATE SKIP LOCKED)
+          AND x.consume_from_candidate IS NULL;
+    ELSE
+        UPDATE fastpubsub.subscriptions AS x
+        SET consume_from = greatest(x.consume_from, coalesce(v_min, s.consume_from_candidate)),
+            consume_from_candidate = NULL,
+            consume_from_candidate_xmax = NULL
+        WHERE x.ctid = (SELECT y.ctid FROM fastpubsub.subscriptions AS y
+                        WHERE y.key = s.key FOR NO KEY UPDATE SKIP LOCKED)
+          AND x.consume_from_candidate = s.consume_from_candidate;
+    END IF;
+END
+$$;
+
+-- Lease up to p_batch_size messages to p_consumer_id for the subscription's
+-- ack deadline, each counting one delivery attempt:
+-- 1. scheduled rows whose time has come (retries after their backoff, delayed
+--    messages) join the back of their priority's queue (a new seq), or go to
+--    the DLQ when no attempt is left;
+-- 2. the highest priority first; within one, queue order among rows nobody
+--    holds, including leases that ran out (a failed attempt; dead-lettered
+--    when none is left, which does not fill the batch).
+-- Rows other consumers are leasing right now are skipped, never waited for.
+CREATE OR REPLACE FUNCTION fastpubsub.consume(p_subscription_id text, p_consumer_id text, p_batch_size integer)
+RETURNS TABLE(id uuid, payload jsonb, attributes jsonb, priority smallint, attempts integer, created_at timestamptz)
+LANGUAGE plpgsql
+SET enable_sort = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
+SET enable_hashjoin = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    s fastpubsub.subscriptions := fastpubsub._subscription(p_subscription_id);
+    v_now timestamptz := now();
+    v_lease_until timestamptz;
+    v_ids uuid[] := '{}';
+    v_attempts integer[] := '{}';
+    v_more_ids uuid[];
+    v_more_attempts integer[];
+    v_dead integer;
+    v_first_seq bigint;
+    v_priority smallint;
+    v_settled bigint;
+BEGIN
+    IF p_batch_size IS NULL OR p_batch_size < 1 OR p_batch_size > 1000 THEN
+        RAISE EXCEPTION 'batch size must be between 1 and 1000' USING ERRCODE = 'FP422';
+    END IF;
+    IF p_consumer_id IS NULL OR length(p_consumer_id) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION 'consumer id must be 1 to 200 characters' USING ERRCODE = 'FP422';
+    END IF;
+    v_lease_until := v_now + make_interval(secs => s.ack_deadline_seconds);
+
+    -- 1. (Locking the rows gives this transaction its id before nextval runs:
+    --    see _advance_watermark.)
+    WITH due AS MATERIALIZED (
+        SELECT d.ctid AS row_id, d.attempts >= s.max_delivery_attempts AS exhausted
+        FROM fastpubsub.deliveries AS d
+        WHERE d.subscription_key = s.key AND d.status = 'scheduled' AND d.visible_at <= v_now
+        ORDER BY d.visible_at
+        LIMIT p_batch_size
+        FOR UPDATE SKIP LOCKED
+    ), dead AS (
+        UPDATE fastpubsub.deliveries AS d
+        SET status = 'dlq', visible_at = v_now
+        WHERE d.ctid = ANY (ARRAY(SELECT row_id FROM due WHERE exhausted))
+        RETURNING 1
+    ), queued AS (
+        UPDATE fastpubsub.deliveries AS d
+        SET status = 'available', seq = nextval('fastpubsub.delivery_seq'), visible_at = v_now
+        WHERE d.ctid = ANY (ARRAY(SELECT row_id FROM due WHERE NOT exhausted))
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM dead) + (SELECT count(*) FROM queued) INTO v_settled;
+
+    -- 2.
+    v_priority := fastpubsub._next_priority(s.key, NULL);
+    WHILE v_priority IS NOT NULL AND cardinality(v_ids) < p_batch_size LOOP
+        LOOP
+            WITH ready AS MATERIALIZED (
+                SELECT d.ctid AS row_id, d.seq, d.attempts >= s.max_delivery_attempts AS exhausted
+                FROM fastpubsub.deliveries AS d
+                WHERE d.subscription_key = s.key AND d.status = 'available' AND d.priority = v_priority
+                  AND d.seq >= s.consume_from
+                  AND (d.lease_until IS NULL OR d.lease_until <= v_now)
+                ORDER BY d.seq
+                LIMIT p_batch_size - cardinality(v_ids)
+                FOR UPDATE SKIP LOCKED
+            ), dead AS (
+                UPDATE fastpubsub.deliveries AS d
+                SET status = 'dlq', visible_at = v_now, lease_until = NULL, leased_at = NULL, consumer_id = NULL
+                WHERE d.ctid = ANY (ARRAY(SELECT row_id FROM ready WHERE exhausted))
+                RETURNING 1
+            ), leased AS (
+                UPDATE fastpubsub.deliveries AS d
+                SET attempts = d.attempts + 1, lease_until = v_lease_until, leased_at = v_now,
+                    consumer_id = p_consumer_id
+                WHERE d.ctid = ANY (ARRAY(SELECT row_id FROM ready WHERE NOT exhausted))
+                RETURNING d.seq, d.message_id, d.attempts
+            )
+            SELECT (SELECT count(*) FROM dead),
+                   coalesce((SELECT array_agg(message_id ORDER BY seq) FROM leased), '{}'),
+                   coalesce((SELECT array_agg(attempts ORDER BY seq) FROM leased), '{}'),
+                   least(v_first_seq, (SELECT min(seq) FROM ready))
+            INTO v_dead, v_more_ids, v_more_attempts, v_first_seq;
+            v_ids := v_ids || v_more_ids;
+            v_attempts := v_attempts || v_more_attempts;
+            EXIT WHEN v_dead = 0 OR cardinality(v_ids) >= p_batch_size;
+        END LOOP;
+        v_priority := fastpubsub._next_priority(s.key, v_priority);
+    END LOOP;
+
+    IF v_first_seq - s.consume_from > 1000 OR s.consume_from_candidate IS NOT NULL THEN
+        PERFORM fastpubsub._advance_watermark(s);
+    END IF;
+
+    RETURN QUERY
+        SELECT m.id, m.payload, m.attributes, m.priority, x.attempts, m.created_at
+        FROM unnest(v_ids, v_attempts) WITH ORDINALITY AS x(message_id, attempts, ord)
+        CROSS JOIN LATERAL (
+            -- LIMIT keeps this a lookup per row.
+            SELECT m.id, m.payload, m.attributes, m.priority, m.created_at FROM fastpubsub.messages AS m
+            WHERE m.topic_key = s.topic_key AND m.id = x.message_id
+            LIMIT 1
+        ) AS m
+        ORDER BY x.ord;
+END
+$$;
+
+-- Seconds until a due retry, delayed message or lease end may make a message
+-- deliverable: 0 when one is due already, NULL when nothing is pending at all.
+-- Each priority's in-flight rows are read through an index range, never by
+-- scanning the table.
+CREATE OR REPLACE FUNCTION fastpubsub.next_due(p_subscription_id text)
+RETURNS double precision
+LANGUAGE plpgsql STABLE
+SET enable_sort = off
+SET enable_bitmapscan = off
+SET enable_seqscan = off
+AS $$
+DECLARE
+    s fastpubsub.subscriptions := fastpubsub._subscription(p_subscription_id);
+    v_at timestamptz;
+    v_lease timestamptz;
+    v_priority smallint;
+BEGIN
+    SELECT d.visible_at INTO v_at FROM fastpubsub.deliveries AS d
+    WHERE d.subscription_key = s.key AND d.status = 'scheduled'
+    ORDER BY d.visible_at LIMIT 1;
+    v_priority := fastpubsub._next_priority(s.key, NULL);
+    WHILE v_priority IS NOT NULL LOOP
+        SELECT min(d.lease_until) INTO v_lease FROM fastpubsub.deliveries AS d
+        WHERE d.subscription_key = s.key AND d.status = 'available' AND d.priority = v_priority
+          AND d.seq >= s.consume_from;
+        v_at := least(v_at, v_lease);
+        v_priority := fastpubsub._next_priority(s.key, v_priority);
+    END LOOP;
+    IF v_at IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN greatest(extract(epoch FROM v_at - now())::double precision, 0);
+END
+$$;
+
+-- A stream calls this every 30 s while it runs: acks and nacks of the
+-- subscription then notify `settled:<subscription>`, so the stream can send more.
+CREATE OR REPLACE FUNCTION fastpubsub.touch_stream(p_subscription_id text)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    UPDATE fastpubsub.subscriptions SET streaming_until = now() + interval '60 seconds'
+    WHERE id = p_subscription_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'subscription "%" not found', p_subscription_id USING ERRCODE = 'FP404';
+    END IF;
+END
+$$;

@@ -1,0 +1,55 @@
+-- The dead-letter queue: list and reprocess.
+
+-- Dead-lettered messages, oldest first, in the row shape consume returns.
+CREATE OR REPLACE FUNCTION fastpubsub.list_dlq(p_subscription_id text, p_offset integer, p_limit integer)
+RETURNS TABLE(id uuid, payload jsonb, attributes jsonb, priority smallint, attempts integer,
+              created_at timestamptz)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    s fastpubsub.subscriptions := fastpubsub._subscription(p_subscription_id);
+BEGIN
+    IF p_offset IS NULL OR p_offset < 0 OR p_limit IS NULL OR p_limit < 1 OR p_limit > 1000 THEN
+        RAISE EXCEPTION 'offset must be >= 0 and limit between 1 and 1000' USING ERRCODE = 'FP422';
+    END IF;
+    PERFORM fastpubsub._settle_exhausted(s);
+    RETURN QUERY
+        SELECT m.id, m.payload, m.attributes, m.priority, d.attempts, m.created_at
+        FROM (
+            SELECT d.message_id, d.attempts FROM fastpubsub.deliveries AS d
+            WHERE d.subscription_key = s.key AND d.status = 'dlq'
+            ORDER BY d.message_id
+            OFFSET p_offset LIMIT p_limit
+        ) AS d
+        CROSS JOIN LATERAL (
+            SELECT m.id, m.payload, m.attributes, m.priority, m.created_at FROM fastpubsub.messages AS m
+            WHERE m.topic_key = s.topic_key AND m.id = d.message_id
+            LIMIT 1
+        ) AS m
+        ORDER BY d.message_id;
+END
+$$;
+
+-- Make dead-lettered messages deliverable again with a fresh attempt count.
+CREATE OR REPLACE FUNCTION fastpubsub.reprocess_dlq(p_subscription_id text, p_ids uuid[])
+RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    s fastpubsub.subscriptions := fastpubsub._subscription(p_subscription_id);
+    n integer;
+BEGIN
+    PERFORM fastpubsub._settle_exhausted(s);
+    PERFORM pg_current_xact_id();  -- before drawing queue numbers (see _advance_watermark)
+    UPDATE fastpubsub.deliveries AS d
+    SET status = 'available', seq = nextval('fastpubsub.delivery_seq'), attempts = 0, visible_at = now(),
+        lease_until = NULL, leased_at = NULL, consumer_id = NULL
+    WHERE d.subscription_key = s.key AND d.message_id = ANY (p_ids) AND d.status = 'dlq';
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n > 0 THEN
+        PERFORM fastpubsub._notify(ARRAY[s.id]);
+    END IF;
+    RETURN n;
+END
+$$;

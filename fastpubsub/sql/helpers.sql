@@ -1,0 +1,147 @@
+-- Private helpers shared by the broker functions (names start with `_`).
+--
+-- Errors raised by fastpubsub's functions use SQLSTATEs of their own, so that
+-- callers tell them apart without parsing messages: FP404 not found, FP422
+-- invalid input.
+
+-- Time-ordered message ids in the UUIDv7 layout: 48 bits of Unix milliseconds,
+-- 12 bits of sub-millisecond time (1/4096 ms), 62 random bits. `p_offset` adds
+-- that many 1/4096 ms steps so that messages of one publish keep their order.
+-- One expression with no FROM clause, so the planner inlines it into publish
+-- instead of planning it again in every transaction.
+CREATE OR REPLACE FUNCTION fastpubsub._message_id(p_time timestamptz, p_offset bigint)
+RETURNS uuid
+LANGUAGE sql VOLATILE PARALLEL SAFE
+AS $$
+    SELECT encode(
+        substring(int8send(((extract(epoch FROM p_time) * 4096000)::bigint + p_offset) >> 12) FROM 3 FOR 6)
+        || substring(int4send(((((extract(epoch FROM p_time) * 4096000)::bigint + p_offset) & 4095) | 28672)::integer)
+                     FROM 3 FOR 2)
+        || substring(uuid_send(gen_random_uuid()) FROM 9 FOR 8),
+        'hex')::uuid
+$$;
+
+-- The smallest message id that can belong to a message published at p_time:
+-- a time bound becomes an id bound (replay and cleanup_stuck read only the
+-- part of a backlog they need).
+CREATE OR REPLACE FUNCTION fastpubsub._message_id_floor(p_time timestamptz)
+RETURNS uuid
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT encode(
+        substring(int8send(t.units >> 12) FROM 3 FOR 6)
+        || substring(int4send(((t.units & 4095) | 28672)::integer) FROM 3 FOR 2)
+        || '\x0000000000000000'::bytea,
+        'hex')::uuid
+    FROM (SELECT floor(extract(epoch FROM p_time) * 4096000)::bigint AS units) AS t
+$$;
+
+-- A message as consumers receive it: the one definition of its JSON shape,
+-- used by consume, streams and the DLQ listing (api/schemas.py MessageOut
+-- documents it). Times are UTC with microseconds. PostgreSQL renders any
+-- depth of nesting the payload was stored with.
+CREATE OR REPLACE FUNCTION fastpubsub._message_json(
+    p_id uuid, p_subscription_id text, p_payload jsonb, p_attempts integer, p_created_at timestamptz,
+    p_attributes jsonb, p_priority smallint)
+RETURNS json
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+    SELECT json_build_object(
+        'id', p_id,
+        'subscription_id', p_subscription_id,
+        'payload', p_payload,
+        'delivery_attempts', p_attempts,
+        'created_at', to_char(p_created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        'attributes', p_attributes,
+        'priority', p_priority)
+$$;
+
+-- The subscription row, or FP404.
+CREATE OR REPLACE FUNCTION fastpubsub._subscription(p_subscription_id text)
+RETURNS fastpubsub.subscriptions
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    s fastpubsub.subscriptions;
+BEGIN
+    SELECT * INTO s FROM fastpubsub.subscriptions WHERE id = p_subscription_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'subscription "%" not found', p_subscription_id USING ERRCODE = 'FP404';
+    END IF;
+    RETURN s;
+END
+$$;
+
+-- Publishers take this lock shared and topic or subscription changes take it
+-- exclusive, so a publish never fans out to a subscription being deleted.
+CREATE OR REPLACE FUNCTION fastpubsub._lock_topic(p_topic_key integer, p_exclusive boolean)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    -- 1718645602 is 'fpsb': our own advisory lock namespace.
+    IF p_exclusive THEN
+        PERFORM pg_advisory_xact_lock(1718645602, p_topic_key);
+    ELSE
+        PERFORM pg_advisory_xact_lock_shared(1718645602, p_topic_key);
+    END IF;
+END
+$$;
+
+-- Wake long-poll and streaming consumers of these subscriptions (one
+-- notification on the `fastpubsub` channel naming them).
+CREATE OR REPLACE FUNCTION fastpubsub._notify(p_subscription_ids text[])
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_payload text := array_to_string(p_subscription_ids, ' ');
+BEGIN
+    IF v_payload IS NULL OR v_payload = '' THEN
+        RETURN;
+    END IF;
+    IF octet_length(v_payload) > 7000 THEN
+        v_payload := '*';  -- too many to list: wake everyone
+    END IF;
+    PERFORM pg_notify('fastpubsub', v_payload);
+END
+$$;
+
+-- The highest priority below p_below (NULL: any) that has available rows: a
+-- loose index scan, one seek per priority present. PL/pgSQL, so its plan is
+-- kept for the life of the connection.
+CREATE OR REPLACE FUNCTION fastpubsub._next_priority(p_subscription_key integer, p_below smallint)
+RETURNS smallint
+LANGUAGE plpgsql STABLE
+SET enable_sort = off
+SET enable_bitmapscan = off
+AS $$
+BEGIN
+    RETURN (
+        SELECT d.priority FROM fastpubsub.deliveries AS d
+        WHERE d.subscription_key = p_subscription_key AND d.status = 'available'
+          AND d.priority < coalesce(p_below, 32767)  -- a range the index seeks to, never a filter
+        ORDER BY d.priority DESC
+        LIMIT 1);
+END
+$$;
+
+-- Where the current leases of these message ids are: one primary-key probe
+-- per id. (As a join, the planner may instead walk every delivery of the
+-- subscription when its statistics call the table small.) A lease that has
+-- run out is not counted: the message is no longer that consumer's.
+CREATE OR REPLACE FUNCTION fastpubsub._held(p_subscription_key integer, p_ids uuid[])
+RETURNS tid[]
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN (
+        SELECT coalesce(array_agg(h.row_id), '{}')
+        FROM unnest(p_ids) AS x(id)
+        CROSS JOIN LATERAL (
+            SELECT d.ctid AS row_id FROM fastpubsub.deliveries AS d
+            WHERE d.subscription_key = p_subscription_key AND d.message_id = x.id AND d.lease_until > now()
+            LIMIT 1
+        ) AS h);
+END
+$$;

@@ -1,0 +1,205 @@
+-- Publishing: the entry points applications may call inside their own
+-- transactions (publish, publish_envelopes) and the one implementation behind
+-- them.
+
+-- What is wrong with one envelope (NULL: nothing), naming its index.
+CREATE OR REPLACE FUNCTION fastpubsub._envelope_problem(p_message jsonb, p_index bigint)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    v_key text;
+    v_at text;
+BEGIN
+    IF jsonb_typeof(p_message) <> 'object' THEN
+        RETURN format('message at index %s must be an object with a "payload"', p_index);
+    END IF;
+    SELECT k INTO v_key FROM jsonb_object_keys(p_message) AS k
+    WHERE k NOT IN ('payload', 'attributes', 'idempotency_key', 'delay_seconds', 'deliver_at', 'priority')
+    LIMIT 1;
+    IF v_key IS NOT NULL THEN
+        RETURN format('message at index %s has an unknown field "%s"', p_index, v_key);
+    END IF;
+    IF jsonb_typeof(p_message -> 'payload') IS DISTINCT FROM 'object' THEN
+        RETURN format('message at index %s: payload must be a JSON object', p_index);
+    END IF;
+    IF p_message ? 'attributes' AND jsonb_typeof(p_message -> 'attributes') <> 'null' AND (
+        jsonb_typeof(p_message -> 'attributes') <> 'object'
+        OR (SELECT count(*) FROM jsonb_object_keys(p_message -> 'attributes')) > 64
+        OR EXISTS (SELECT 1 FROM jsonb_each(p_message -> 'attributes') AS a(k, v)
+                   WHERE jsonb_typeof(a.v) <> 'string' OR length(a.k) NOT BETWEEN 1 AND 256
+                      OR length(a.v #>> '{}') > 1024)) THEN
+        RETURN format('message at index %s: attributes must map up to 64 names (1-256 characters) to strings '
+                      '(up to 1024 characters)', p_index);
+    END IF;
+    IF p_message ? 'idempotency_key' AND jsonb_typeof(p_message -> 'idempotency_key') <> 'null' AND (
+        jsonb_typeof(p_message -> 'idempotency_key') <> 'string'
+        OR length(p_message ->> 'idempotency_key') NOT BETWEEN 1 AND 256) THEN
+        RETURN format('message at index %s: idempotency_key must be a string of 1-256 characters', p_index);
+    END IF;
+    IF p_message ? 'priority' AND jsonb_typeof(p_message -> 'priority') <> 'null' AND (
+        jsonb_typeof(p_message -> 'priority') <> 'number'
+        OR (p_message ->> 'priority')::numeric NOT IN (0, 1, 2, 3, 4, 5, 6, 7, 8, 9)) THEN
+        RETURN format('message at index %s: priority must be an integer from 0 to 9', p_index);
+    END IF;
+    IF p_message ? 'delay_seconds' AND jsonb_typeof(p_message -> 'delay_seconds') <> 'null' AND (
+        jsonb_typeof(p_message -> 'delay_seconds') <> 'number'
+        OR (p_message ->> 'delay_seconds')::numeric NOT BETWEEN 0 AND 31536000) THEN
+        RETURN format('message at index %s: delay_seconds must be a number from 0 to 31536000', p_index);
+    END IF;
+    IF p_message ? 'deliver_at' AND jsonb_typeof(p_message -> 'deliver_at') <> 'null' THEN
+        IF jsonb_typeof(p_message -> 'delay_seconds') IN ('number') THEN
+            RETURN format('message at index %s: give delay_seconds or deliver_at, not both', p_index);
+        END IF;
+        v_at := p_message ->> 'deliver_at';
+        IF jsonb_typeof(p_message -> 'deliver_at') <> 'string'
+           OR v_at !~ '^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}(:?\d{2})?)$' THEN
+            RETURN format('message at index %s: deliver_at must be an ISO 8601 time with a time zone', p_index);
+        END IF;
+        BEGIN
+            PERFORM v_at::timestamptz;
+        EXCEPTION WHEN others THEN
+            RETURN format('message at index %s: deliver_at is not a valid time', p_index);
+        END;
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- Publish: store every message once and fan it out to each subscription of the
+-- topic whose filter accepts it, all in this transaction, or nothing at all.
+-- p_envelopes: each element is {payload, attributes, idempotency_key,
+-- delay_seconds | deliver_at, priority}; otherwise each element is a payload.
+-- Returns the message ids in order; a repeated idempotency key gives the
+-- original id and stores nothing new. Subscriptions that got deliverable
+-- messages are notified.
+CREATE OR REPLACE FUNCTION fastpubsub._publish(p_topic_id text, p_messages jsonb, p_envelopes boolean)
+RETURNS uuid[]
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_topic_key integer;
+    v_now timestamptz := now();
+    v_problem text;
+    v_ids uuid[];
+    v_keys text[];
+    v_store boolean[];
+    v_final uuid[];
+    v_woken text[];
+BEGIN
+    SELECT key INTO v_topic_key FROM fastpubsub.topics WHERE id = p_topic_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'topic "%" not found', p_topic_id USING ERRCODE = 'FP404';
+    END IF;
+    IF p_messages IS NULL OR jsonb_typeof(p_messages) <> 'array' OR jsonb_array_length(p_messages) = 0 THEN
+        RAISE EXCEPTION 'messages must be a non-empty JSON array' USING ERRCODE = 'FP422';
+    END IF;
+    IF p_envelopes THEN
+        SELECT fastpubsub._envelope_problem(e.value, e.ord - 1) INTO v_problem
+        FROM jsonb_array_elements(p_messages) WITH ORDINALITY AS e(value, ord)
+        WHERE fastpubsub._envelope_problem(e.value, e.ord - 1) IS NOT NULL
+        ORDER BY e.ord LIMIT 1;
+    ELSE
+        SELECT format('message at index %s is not a JSON object; nothing was published', e.ord - 1) INTO v_problem
+        FROM jsonb_array_elements(p_messages) WITH ORDINALITY AS e(value, ord)
+        WHERE jsonb_typeof(e.value) <> 'object'
+        ORDER BY e.ord LIMIT 1;
+    END IF;
+    IF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION '%', v_problem USING ERRCODE = 'FP422';
+    END IF;
+
+    PERFORM fastpubsub._lock_topic(v_topic_key, false);
+    PERFORM pg_current_xact_id();  -- before drawing queue numbers (see _advance_watermark)
+
+    SELECT array_agg(fastpubsub._message_id(v_now, e.ord - 1) ORDER BY e.ord),
+           array_agg(CASE WHEN p_envelopes THEN e.value ->> 'idempotency_key' END ORDER BY e.ord)
+    INTO v_ids, v_keys
+    FROM jsonb_array_elements(p_messages) WITH ORDINALITY AS e(value, ord);
+    v_final := v_ids;
+    v_store := array_fill(true, ARRAY[cardinality(v_ids)]);
+
+    IF EXISTS (SELECT 1 FROM unnest(v_keys) AS k WHERE k IS NOT NULL) THEN
+        -- Claim the keys: the first message with a key this topic has not seen is stored.
+        -- (A concurrent publish with the same key makes this wait for it, then skip.)
+        WITH claimed AS (
+            INSERT INTO fastpubsub.idempotency_keys (topic_key, key, message_id, created_at)
+            SELECT DISTINCT ON (x.key) v_topic_key, x.key, x.id, v_now
+            FROM unnest(v_keys, v_ids) WITH ORDINALITY AS x(key, id, ord)
+            WHERE x.key IS NOT NULL
+            ORDER BY x.key, x.ord
+            ON CONFLICT DO NOTHING
+            RETURNING message_id
+        )
+        SELECT array_agg(x.id = ANY (ARRAY(SELECT message_id FROM claimed)) OR x.key IS NULL ORDER BY x.ord)
+        INTO v_store
+        FROM unnest(v_keys, v_ids) WITH ORDINALITY AS x(key, id, ord);
+        -- Every keyed message takes the id its key stands for (a new statement,
+        -- so keys committed by a concurrent publish are visible).
+        SELECT array_agg(coalesce(k.message_id, x.id) ORDER BY x.ord)
+        INTO v_final
+        FROM unnest(v_keys, v_ids) WITH ORDINALITY AS x(key, id, ord)
+        LEFT JOIN fastpubsub.idempotency_keys AS k ON k.topic_key = v_topic_key AND k.key = x.key;
+    END IF;
+
+    WITH input AS MATERIALIZED (
+        SELECT x.id,
+               x.ord,
+               CASE WHEN p_envelopes THEN e.value -> 'payload' ELSE e.value END AS payload,
+               CASE WHEN p_envelopes THEN nullif(nullif(e.value -> 'attributes', 'null'::jsonb), '{}'::jsonb) END
+                   AS attributes,
+               CASE WHEN NOT p_envelopes THEN v_now
+                    WHEN jsonb_typeof(e.value -> 'deliver_at') = 'string' THEN (e.value ->> 'deliver_at')::timestamptz
+                    WHEN jsonb_typeof(e.value -> 'delay_seconds') = 'number'
+                        THEN v_now + make_interval(secs => (e.value ->> 'delay_seconds')::double precision)
+                    ELSE v_now END AS visible_at,
+               CASE WHEN p_envelopes AND jsonb_typeof(e.value -> 'priority') = 'number'
+                    THEN (e.value ->> 'priority')::numeric::smallint ELSE 0::smallint END AS priority
+        FROM unnest(v_ids, v_store) WITH ORDINALITY AS x(id, store, ord)
+        JOIN jsonb_array_elements(p_messages) WITH ORDINALITY AS e(value, ord) ON e.ord = x.ord
+        WHERE x.store
+    ), routes AS MATERIALIZED (
+        SELECT i.id, i.visible_at, i.priority, s.key AS subscription_key, s.id AS subscription_id
+        FROM input AS i
+        JOIN fastpubsub.subscriptions AS s
+          ON s.topic_key = v_topic_key
+         AND (s.filter IS NULL
+              OR CASE WHEN s.filter_simple THEN fastpubsub._filter_matches_seed(s.filter, i.payload)
+                      ELSE fastpubsub._filter_eval(s.filter, i.payload, i.attributes) END)
+    ), stored AS (
+        INSERT INTO fastpubsub.messages (created_at, id, topic_key, fanout, payload, attributes, priority)
+        SELECT v_now, i.id, v_topic_key, count(r.id), i.payload, i.attributes, i.priority
+        FROM input AS i LEFT JOIN routes AS r ON r.id = i.id
+        GROUP BY i.ord, i.id, i.payload, i.attributes, i.priority
+    ), fanned AS (
+        -- Grouped by subscription so that one consume batch touches few pages.
+        INSERT INTO fastpubsub.deliveries (visible_at, seq, message_id, subscription_key, status, priority)
+        SELECT r.visible_at, nextval('fastpubsub.delivery_seq'), r.id, r.subscription_key,
+               CASE WHEN r.visible_at > v_now THEN 'scheduled' ELSE 'available' END::fastpubsub.delivery_status,
+               r.priority
+        FROM (SELECT * FROM routes ORDER BY subscription_key, id) AS r
+    )
+    SELECT array_agg(DISTINCT r.subscription_id) INTO v_woken FROM routes AS r;
+
+    PERFORM fastpubsub._notify(v_woken);
+    RETURN v_final;
+END
+$$;
+
+-- Publish payloads (each a JSON object): the seed's request body.
+CREATE OR REPLACE FUNCTION fastpubsub.publish(p_topic_id text, p_payloads jsonb)
+RETURNS uuid[]
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT fastpubsub._publish(p_topic_id, p_payloads, false)
+$$;
+
+-- Publish envelopes with options:
+--   [{"payload": {...}, "attributes": {"k": "v"}, "idempotency_key": "...",
+--     "delay_seconds": 10 | "deliver_at": "2030-01-01T00:00:00Z", "priority": 0-9}]
+CREATE OR REPLACE FUNCTION fastpubsub.publish_envelopes(p_topic_id text, p_envelopes jsonb)
+RETURNS uuid[]
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT fastpubsub._publish(p_topic_id, p_envelopes, true)
+$$;

@@ -1,0 +1,161 @@
+-- fastpubsub: the current tables, types, sequences and indexes.
+--
+-- This file, the function files beside it and queries.sql are the current
+-- definition of everything fastpubsub keeps in PostgreSQL (docs/schema.md
+-- explains the layout and how revisions get a database here). Everything lives
+-- in the `fastpubsub` schema. Columns are listed in the order the revisions
+-- created them, so that a database built from this file and one brought up to
+-- date by the revisions are alike, column positions included.
+
+CREATE TYPE fastpubsub.delivery_status AS ENUM ('available', 'scheduled', 'dlq');
+
+CREATE TABLE fastpubsub.topics (
+    id text PRIMARY KEY
+        CONSTRAINT topics_id_format CHECK (id ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$'),
+    -- The hot tables store this 4-byte key rather than the text id.
+    key integer GENERATED ALWAYS AS IDENTITY UNIQUE,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- A seed-format filter: top-level field names mapping to lists of allowed
+-- values. Defined here because subscriptions.filter_simple is computed by it.
+CREATE FUNCTION fastpubsub._filter_is_simple(p_filter jsonb)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT p_filter IS NULL OR (
+        jsonb_typeof(p_filter) = 'object'
+        AND NOT EXISTS (
+            SELECT 1 FROM jsonb_each(p_filter) AS f(key, value)
+            WHERE f.key LIKE '$%' OR position('.' IN f.key) > 0 OR jsonb_typeof(f.value) <> 'array'
+        )
+    )
+$$;
+
+CREATE TABLE fastpubsub.subscriptions (
+    id text PRIMARY KEY
+        CONSTRAINT subscriptions_id_format CHECK (id ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$'),
+    key integer GENERATED ALWAYS AS IDENTITY UNIQUE,
+    topic_key integer NOT NULL REFERENCES fastpubsub.topics (key) ON DELETE CASCADE,
+    filter jsonb,
+    max_delivery_attempts integer NOT NULL DEFAULT 5
+        CONSTRAINT subscriptions_max_delivery_attempts_range CHECK (max_delivery_attempts BETWEEN 1 AND 1000),
+    backoff_min_seconds integer NOT NULL DEFAULT 5
+        CONSTRAINT subscriptions_backoff_min_seconds_range CHECK (backoff_min_seconds BETWEEN 0 AND 86400),
+    backoff_max_seconds integer NOT NULL DEFAULT 300
+        CONSTRAINT subscriptions_backoff_max_seconds_range CHECK (backoff_max_seconds BETWEEN 0 AND 86400),
+    ack_deadline_seconds integer NOT NULL DEFAULT 30
+        CONSTRAINT subscriptions_ack_deadline_seconds_range CHECK (ack_deadline_seconds BETWEEN 1 AND 3600),
+    -- Consume watermark (see _advance_watermark in consume.sql): no live
+    -- available delivery of this subscription has seq < consume_from, so
+    -- consume seeks straight past the index entries that acked rows leave
+    -- behind until VACUUM removes them.
+    consume_from bigint NOT NULL DEFAULT 0,
+    consume_from_candidate bigint,
+    consume_from_candidate_xmax xid8,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    -- While a stream is registered (touch_stream), acks and nacks notify it.
+    streaming_until timestamptz,
+    -- Seed-format filters take the fast path in publish.
+    filter_simple boolean GENERATED ALWAYS AS (fastpubsub._filter_is_simple(filter)) STORED,
+    CONSTRAINT subscriptions_backoff_order CHECK (backoff_max_seconds >= backoff_min_seconds)
+);
+CREATE INDEX subscriptions_topic_key_idx ON fastpubsub.subscriptions (topic_key);
+
+CREATE TABLE fastpubsub.clients (
+    id uuid PRIMARY KEY,
+    name text NOT NULL CONSTRAINT clients_name_length CHECK (length(name) BETWEEN 1 AND 200),
+    scopes text NOT NULL,
+    is_active boolean NOT NULL DEFAULT true,
+    secret_hash text NOT NULL,
+    -- Carried by every token; changing the client increments it, revoking them.
+    token_version integer NOT NULL DEFAULT 1,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- Each published payload is stored once, whatever the number of subscriptions.
+-- No foreign keys on the hot tables: a foreign key check locks the referenced
+-- row for every insert, which makes concurrent publishers queue on the topic.
+-- Topic and subscription deletion clean up explicitly instead.
+CREATE TABLE fastpubsub.messages (
+    created_at timestamptz NOT NULL,
+    id uuid NOT NULL,
+    topic_key integer NOT NULL,
+    -- how many subscriptions the message was routed to when it was published
+    fanout integer NOT NULL,
+    payload jsonb NOT NULL,
+    attributes jsonb,
+    priority smallint NOT NULL DEFAULT 0,
+    PRIMARY KEY (topic_key, id)
+);
+-- Reports and retention read messages by time; BRIN costs almost nothing to keep.
+CREATE INDEX messages_created_at_brin ON fastpubsub.messages USING brin (created_at);
+-- Messages no subscription wanted are kept for the retention window only.
+CREATE INDEX messages_unrouted_idx ON fastpubsub.messages (created_at) WHERE fanout = 0;
+
+-- Every entry into the available state draws a new number: the queue order.
+-- CACHE 1 (the default) keeps numbers increasing in the order they are drawn,
+-- which the consume watermark relies on.
+CREATE SEQUENCE fastpubsub.delivery_seq AS bigint CACHE 1;
+
+-- One small row per (subscription, message) until the message is acked.
+--   available  deliverable, unless a consumer holds a lease on it (lease_until
+--              in the future); a lease that ran out makes it deliverable again
+--   scheduled  deliverable from visible_at (retry backoff or delayed publish)
+--   dlq        dead-lettered
+-- Taking and extending a lease only writes the lease columns, which no index
+-- covers, so PostgreSQL updates the row in place (a HOT update: no index
+-- writes). The low fillfactor leaves room on each page for that new version.
+-- Columns that never change come first so that update records stay small.
+CREATE TABLE fastpubsub.deliveries (
+    visible_at timestamptz NOT NULL,
+    seq bigint NOT NULL,
+    message_id uuid NOT NULL,
+    subscription_key integer NOT NULL,
+    status fastpubsub.delivery_status NOT NULL,
+    attempts integer NOT NULL DEFAULT 0,
+    lease_until timestamptz,
+    leased_at timestamptz,
+    consumer_id text,
+    priority smallint NOT NULL DEFAULT 0,
+    PRIMARY KEY (subscription_key, message_id),
+    -- Only available rows carry a lease.
+    CONSTRAINT deliveries_lease_only_when_available CHECK (lease_until IS NULL OR status = 'available')
+) WITH (
+    fillfactor = 40,
+    -- acks delete rows all the time: vacuum early and often
+    autovacuum_vacuum_scale_factor = 0.02,
+    autovacuum_vacuum_insert_scale_factor = 0.05
+);
+-- Partial indexes: consume reads only rows it may deliver, an index seek that
+-- costs O(batch + leases held) however long the backlog. Highest priority
+-- first, queue order (seq) within a priority.
+CREATE INDEX deliveries_ready_idx ON fastpubsub.deliveries (subscription_key, priority, seq)
+    WHERE status = 'available';
+CREATE INDEX deliveries_scheduled_idx ON fastpubsub.deliveries (subscription_key, visible_at)
+    WHERE status = 'scheduled';
+CREATE INDEX deliveries_dlq_idx ON fastpubsub.deliveries (subscription_key, message_id)
+    WHERE status = 'dlq';
+
+-- Acked deliveries leave the hot table and wait here for cleanup_acked: history
+-- for reporting and replay that never slows consume down.
+CREATE TABLE fastpubsub.acked_deliveries (
+    acked_at timestamptz NOT NULL,
+    message_id uuid NOT NULL,
+    subscription_key integer NOT NULL,
+    attempts integer NOT NULL,
+    PRIMARY KEY (subscription_key, message_id)
+);
+CREATE INDEX acked_deliveries_acked_at_brin ON fastpubsub.acked_deliveries USING brin (acked_at);
+
+-- A repeated idempotency key on a topic returns the original message id.
+CREATE TABLE fastpubsub.idempotency_keys (
+    topic_key integer NOT NULL,
+    key text NOT NULL,
+    message_id uuid NOT NULL,
+    created_at timestamptz NOT NULL,
+    PRIMARY KEY (topic_key, key)
+);
+CREATE INDEX idempotency_keys_created_at_brin ON fastpubsub.idempotency_keys USING brin (created_at);
