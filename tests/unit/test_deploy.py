@@ -110,6 +110,14 @@ def test_compose_services_run_real_commands() -> None:
     assert "@postgres:5432/" in url
 
 
+def test_compose_publishes_ports_on_the_loopback_address_only() -> None:
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    assert services["server"]["ports"] == ["127.0.0.1:8000:8000"]
+    for name, service in services.items():
+        for port in service.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), (name, port)
+
+
 def dockerfile_instructions() -> list[tuple[str, str]]:
     text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
     lines = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
