@@ -45,12 +45,26 @@ def containers(document: dict[str, Any]) -> list[dict[str, Any]]:
 def test_every_manifest_parses_and_is_listed_in_the_kustomization() -> None:
     kustomization = yaml.safe_load((ROOT / "deploy/kubernetes/kustomization.yaml").read_text())
     listed = set(kustomization["resources"])
-    on_disk = {path.name for path in MANIFESTS} - {"kustomization.yaml"}
+    # The example Secret is documentation: applying it would replace real values.
+    on_disk = {path.name for path in MANIFESTS} - {"kustomization.yaml", "secret.example.yaml"}
     assert listed == on_disk
     for path in MANIFESTS:
         for document in yaml.safe_load_all(path.read_text()):
             assert document["apiVersion"]
             assert document["kind"]
+
+
+def test_the_applied_set_has_no_secret_and_says_how_to_create_it() -> None:
+    kustomization_path = ROOT / "deploy/kubernetes/kustomization.yaml"
+    for name in yaml.safe_load(kustomization_path.read_text())["resources"]:
+        kinds = {doc["kind"] for doc in yaml.safe_load_all((ROOT / "deploy/kubernetes" / name).read_text())}
+        assert "Secret" not in kinds, name
+    (example,) = yaml.safe_load_all((ROOT / "deploy/kubernetes/secret.example.yaml").read_text())
+    assert example["kind"] == "Secret"
+    for text in (kustomization_path.read_text(), (ROOT / "README.md").read_text()):
+        assert "kubectl create secret generic fastpubsub" in text
+        for key in example["stringData"]:
+            assert f"--from-literal={key}=" in text
 
 
 def test_kubernetes_containers_run_real_commands_and_probe_real_endpoints() -> None:
