@@ -10,6 +10,7 @@ import shlex
 import subprocess
 import sys
 import threading
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -98,14 +99,25 @@ def test_kubernetes_containers_run_real_commands_and_probe_real_endpoints() -> N
     assert service["metadata"]["annotations"]["prometheus.io/path"] in paths
 
 
+def project_version() -> str:
+    return str(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"])
+
+
 def test_kubernetes_uses_the_local_image_without_pulling_it() -> None:
+    image = f"fastpubsub:{project_version()}"
     for path in MANIFESTS:
         for document in yaml.safe_load_all(path.read_text()):
             for container in containers(document):
-                assert container["image"].split(":")[0] == "fastpubsub", path.name
-                # `fastpubsub:latest` is not on any registry: never make the kubelet pull it.
+                # A versioned tag, never :latest, so every pod of a release runs the same build.
+                assert container["image"] == image, (path.name, container["name"])
+                # The local build is not on any registry: never make the kubelet pull it.
                 assert container["imagePullPolicy"] == "IfNotPresent", (path.name, container["name"])
-    assert "docker push" in (ROOT / "deploy/kubernetes/kustomization.yaml").read_text()
+    kustomization = (ROOT / "deploy/kubernetes/kustomization.yaml").read_text()
+    assert "docker push" in kustomization
+    assert f"docker build -t {image} ." in kustomization
+    readme = (ROOT / "README.md").read_text()
+    assert f"docker build -t {image} ." in readme
+    assert "fastpubsub:latest" not in readme + kustomization
 
 
 def test_compose_services_run_real_commands() -> None:
