@@ -25,6 +25,8 @@ from fastpubsub.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = sorted((ROOT / "deploy" / "kubernetes").glob("*.yaml"))
+# The image's user (Dockerfile USER), which every workload names explicitly.
+IMAGE_UID = IMAGE_GID = 10001
 
 
 def cli_commands() -> set[str]:
@@ -158,6 +160,8 @@ def test_dockerfile_is_multi_stage_non_root_and_checks_liveness() -> None:
     users = [arg for op, arg in instructions if op == "USER"]
     assert users
     assert users[-1] not in ("root", "0")
+    # The uid and gid the Kubernetes manifests run as (runAsUser, runAsGroup).
+    assert users[-1] == f"{IMAGE_UID}:{IMAGE_GID}"
     entrypoint = dict(instructions)["ENTRYPOINT"]
     assert entrypoint == '["fastpubsub"]'
     assert dict(instructions)["CMD"] == '["server"]'
