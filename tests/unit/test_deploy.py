@@ -9,6 +9,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 import threading
 import tomllib
 from pathlib import Path
@@ -38,11 +39,35 @@ def api_paths() -> set[str]:
     return set(app.openapi()["paths"])
 
 
-def containers(document: dict[str, Any]) -> list[dict[str, Any]]:
+def pod_spec(document: dict[str, Any]) -> dict[str, Any]:
+    """The pod template's spec of a workload; {} for other kinds."""
     spec = document.get("spec", {})
     if document["kind"] == "CronJob":
         spec = spec["jobTemplate"]["spec"]
-    return list(spec.get("template", {}).get("spec", {}).get("containers", []))
+    return dict(spec.get("template", {}).get("spec", {}))
+
+
+def pod_labels(document: dict[str, Any]) -> dict[str, str]:
+    spec = document["spec"]
+    if document["kind"] == "CronJob":
+        spec = spec["jobTemplate"]["spec"]
+    return dict(spec["template"]["metadata"]["labels"])
+
+
+def containers(document: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = pod_spec(document)
+    return [*spec.get("initContainers", []), *spec.get("containers", [])]
+
+
+def applied_documents() -> list[dict[str, Any]]:
+    """Every document `kubectl apply -k deploy/kubernetes` applies."""
+    folder = ROOT / "deploy/kubernetes"
+    names = yaml.safe_load((folder / "kustomization.yaml").read_text())["resources"]
+    return [doc for name in names for doc in yaml.safe_load_all((folder / name).read_text())]
+
+
+def workloads() -> list[dict[str, Any]]:
+    return [doc for doc in applied_documents() if doc["kind"] in ("Deployment", "Job", "CronJob")]
 
 
 def test_every_manifest_parses_and_is_listed_in_the_kustomization() -> None:
@@ -79,7 +104,7 @@ def test_kubernetes_containers_run_real_commands_and_probe_real_endpoints() -> N
             for container in containers(document):
                 assert container["args"][0] in commands, (path.name, container["args"])
                 ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
-                for probe in ("livenessProbe", "readinessProbe"):
+                for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
                     if probe in container:
                         http = container[probe]["httpGet"]
                         assert http["path"] in paths
@@ -89,6 +114,9 @@ def test_kubernetes_containers_run_real_commands_and_probe_real_endpoints() -> N
     assert server["args"] == ["server"]
     assert server["livenessProbe"]["httpGet"]["path"] == "/liveness"
     assert server["readinessProbe"]["httpGet"]["path"] == "/readiness"
+    # /readiness answers 503 until the database can serve: a startup probe on it
+    # would restart servers that are only waiting for the database.
+    assert server["startupProbe"]["httpGet"]["path"] == "/liveness"
     assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
     (job,) = kinds["Job"]
     assert containers(job)[0]["args"] == ["db-migrate"]
@@ -120,6 +148,112 @@ def test_kubernetes_uses_the_local_image_without_pulling_it() -> None:
     readme = (ROOT / "README.md").read_text()
     assert f"docker build -t {image} ." in readme
     assert "fastpubsub:latest" not in readme + kustomization
+
+
+# Volume types the restricted Pod Security Standard admits.
+RESTRICTED_VOLUMES = {
+    "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected", "secret"
+}  # fmt: skip
+
+
+def test_every_workload_meets_the_restricted_pod_security_standard() -> None:
+    """The fields of the "restricted" profile, plus a read-only root and resource limits."""
+    kinds = sorted(doc["kind"] for doc in workloads())
+    assert kinds == ["CronJob", "CronJob", "Deployment", "Job"]
+    for document in workloads():
+        name = document["metadata"]["name"]
+        spec = pod_spec(document)
+        assert spec["automountServiceAccountToken"] is False, name
+        for host in ("hostNetwork", "hostPID", "hostIPC", "hostUsers"):
+            assert host not in spec, (name, host)
+        pod = spec["securityContext"]
+        assert pod["runAsNonRoot"] is True, name
+        assert (pod["runAsUser"], pod["runAsGroup"], pod["fsGroup"]) == (IMAGE_UID, IMAGE_GID, IMAGE_GID)
+        assert pod["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        volumes = {volume["name"]: volume for volume in spec.get("volumes", [])}
+        for volume in volumes.values():
+            assert set(volume) - {"name"} <= RESTRICTED_VOLUMES, (name, volume)
+        for container in containers(document):
+            where = (name, container["name"])
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False, where
+            assert context["readOnlyRootFilesystem"] is True, where
+            assert context["capabilities"] == {"drop": ["ALL"]}, where
+            assert context.get("runAsNonRoot", True) is True, where
+            assert context.get("runAsUser", IMAGE_UID) == IMAGE_UID, where
+            assert not context.get("privileged", False), where
+            assert context.get("seccompProfile", {"type": "RuntimeDefault"}) == {"type": "RuntimeDefault"}
+            for bound in ("requests", "limits"):
+                assert set(container["resources"][bound]) == {"cpu", "memory"}, (where, bound)
+            # The server writes its Prometheus multiprocess files and gunicorn its
+            # heartbeats under the temporary directory: a writable emptyDir.
+            (tmp,) = [mount for mount in container["volumeMounts"] if mount["mountPath"] == "/tmp"]
+            assert "emptyDir" in volumes[tmp["name"]], where
+            assert {"name": "TMPDIR", "value": "/tmp"} in container["env"], where
+
+
+def test_the_server_writes_only_under_the_temp_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """readOnlyRootFilesystem holds while `serve` writes nowhere but the temp dir (the /tmp emptyDir)."""
+    from gunicorn.app.base import BaseApplication
+
+    from fastpubsub.cli import serve
+
+    seen: dict[str, Any] = {}
+
+    def run(self: Any) -> None:
+        seen["metrics_dir"] = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+        seen["worker_tmp_dir"] = self.cfg.worker_tmp_dir
+
+    monkeypatch.setattr(BaseApplication, "run", run)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "restored-after-the-test")
+    serve(Settings(_env_file=None), "127.0.0.1", free_port(), 1)
+    assert Path(seen["metrics_dir"]).parent == tmp_path
+    # gunicorn's worker heartbeat files: None means the temp dir too.
+    assert seen["worker_tmp_dir"] is None
+
+
+def test_jobs_clean_up_after_themselves_and_cannot_hang() -> None:
+    documents = applied_documents()
+    (job,) = [doc for doc in documents if doc["kind"] == "Job"]
+    assert job["spec"]["ttlSecondsAfterFinished"] > 0
+    assert job["spec"]["activeDeadlineSeconds"] > 0
+    intervals = {"0 * * * *": 3600, "*/5 * * * *": 300}
+    for cron in (doc for doc in documents if doc["kind"] == "CronJob"):
+        spec = cron["spec"]
+        assert spec["successfulJobsHistoryLimit"] >= 1
+        assert spec["failedJobsHistoryLimit"] >= 1
+        interval = intervals[spec["schedule"]]
+        assert 10 <= spec["startingDeadlineSeconds"] < interval
+        # concurrencyPolicy Forbid: a run that never ends would hold back every later one.
+        assert spec["jobTemplate"]["spec"]["activeDeadlineSeconds"] < interval
+
+
+def test_the_server_keeps_one_pod_through_disruptions_and_its_network_is_fenced() -> None:
+    documents = applied_documents()
+    (deployment,) = [doc for doc in documents if doc["kind"] == "Deployment"]
+    (budget,) = [doc for doc in documents if doc["kind"] == "PodDisruptionBudget"]
+    (service,) = [doc for doc in documents if doc["kind"] == "Service"]
+    (policy,) = [doc for doc in documents if doc["kind"] == "NetworkPolicy"]
+    labels = pod_labels(deployment)
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert budget["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert budget["spec"]["minAvailable"] == 1 < deployment["spec"]["replicas"]
+    # The budget and the Service select the server's pods and no Job's.
+    for document in workloads():
+        selected = budget["spec"]["selector"]["matchLabels"].items() <= pod_labels(document).items()
+        assert selected is (document["kind"] == "Deployment"), document["metadata"]["name"]
+        assert (service["spec"]["selector"].items() <= pod_labels(document).items()) is selected
+        # The NetworkPolicy covers every fastpubsub pod.
+        assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels(document).items()
+    (server,) = containers(deployment)
+    (port,) = server["ports"]
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    (ingress,) = policy["spec"]["ingress"]
+    assert ingress == {"ports": [{"protocol": "TCP", "port": port["containerPort"]}]}
+    egress = {(p["protocol"], p["port"]) for rule in policy["spec"]["egress"] for p in rule["ports"]}
+    assert egress == {("UDP", 53), ("TCP", 53), ("TCP", 5432)}
+    assert "to adjust" in (ROOT / "deploy/kubernetes/networkpolicy.yaml").read_text().lower()
 
 
 def test_compose_services_run_real_commands() -> None:
