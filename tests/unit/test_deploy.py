@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import http.server
 import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -254,6 +256,134 @@ def test_the_server_keeps_one_pod_through_disruptions_and_its_network_is_fenced(
     egress = {(p["protocol"], p["port"]) for rule in policy["spec"]["egress"] for p in rule["ports"]}
     assert egress == {("UDP", 53), ("TCP", 53), ("TCP", 5432)}
     assert "to adjust" in (ROOT / "deploy/kubernetes/networkpolicy.yaml").read_text().lower()
+
+
+# The oldest Kubernetes the manifests are written for (README): the
+# PodDisruptionBudget's unhealthyPodEvictionPolicy is on by default from 1.27.
+OLDEST_KUBERNETES = (1, 27)
+
+
+def schema_errors(document: dict[str, Any], version: str) -> str | None:
+    from kubernetes_validate import ValidationError, validate
+
+    try:
+        validate(document, version, strict=True)
+    except ValidationError as exc:
+        return f"{exc.json_path}: {exc.message}"
+    return None
+
+
+def test_manifests_match_the_kubernetes_api_schemas() -> None:
+    """Strict validation against the API's own schemas: a misspelt or misplaced field fails.
+
+    kubernetes-validate (a dev extra) ships the schemas, so this runs offline.
+    """
+    from kubernetes_validate.utils import all_versions, latest_version
+
+    def as_tuple(version: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in version.split("."))
+
+    oldest = min((v for v in all_versions() if as_tuple(v)[:2] >= OLDEST_KUBERNETES), key=as_tuple)
+    failures = [
+        (path.name, document["kind"], version, error)
+        for path in MANIFESTS
+        if path.name != "kustomization.yaml"  # kustomize's own file: no API schema
+        for document in yaml.safe_load_all(path.read_text())
+        for version in sorted({oldest, latest_version()})
+        if (error := schema_errors(document, version))
+    ]
+    assert failures == []
+    # The check has teeth: a misspelt field is refused.
+    (deployment,) = [doc for doc in applied_documents() if doc["kind"] == "Deployment"]
+    context = containers(deployment)[0]["securityContext"]
+    context["readOnlyRootFilesytem"] = context.pop("readOnlyRootFilesystem")
+    assert "readOnlyRootFilesytem" in (schema_errors(deployment, latest_version()) or "")
+
+
+def test_kustomize_renders_the_applied_set() -> None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed: `kubectl kustomize deploy/kubernetes` not tried")
+    result = subprocess.run(
+        [kubectl, "kustomize", str(ROOT / "deploy/kubernetes")], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    rendered = sorted(doc["kind"] for doc in yaml.safe_load_all(result.stdout))
+    assert rendered == sorted(doc["kind"] for doc in applied_documents())
+    assert "Secret" not in rendered
+
+
+# checkov's Kubernetes checks. Its pinned dependencies clash with the project's,
+# so it lives in a virtualenv of its own under the user's cache folder,
+# installed by the first run (about 300 MB, under a minute).
+CHECKOV = "checkov==3.3.30"
+# Checks the manifests do not meet on purpose, and why.
+CHECKOV_SKIPPED = {
+    "CKV_K8S_15": "imagePullPolicy Always: the manifests name a local build (kind/minikube image load) "
+    "that no registry has, under a versioned tag, so IfNotPresent",
+    "CKV_K8S_21": "the default namespace: the manifests name none, so that `kubectl apply -k -n NAME` "
+    "or an overlay chooses it",
+    "CKV_K8S_35": "secrets as files: fastpubsub reads its settings from FASTPUBSUB_* environment "
+    "variables only",
+    "CKV_K8S_43": "image digests: a local build has none to name in advance; kustomization.yaml "
+    "shows how to pin one under images:",
+}
+
+
+def checkov_executable() -> Path:
+    """checkov in its own cached virtualenv; skips the test, saying why, when it cannot be installed."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fastpubsub"
+    venv = cache / CHECKOV.replace("==", "-")
+    executable, installed = venv / "bin" / "checkov", venv / ".installed"
+    cache.mkdir(parents=True, exist_ok=True)
+    # Test sessions in other work trees may install it at the same moment.
+    with (cache / "checkov.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if installed.exists():
+            return executable
+        shutil.rmtree(venv, ignore_errors=True)  # an install cut short
+        pip = [str(venv / "bin/python"), "-m", "pip", "--disable-pip-version-check"]
+        steps = ([sys.executable, "-m", "venv", str(venv)], [*pip, "install", "--quiet", CHECKOV])
+        for step in steps:
+            try:
+                result = subprocess.run(step, capture_output=True, text=True, timeout=900)
+            except subprocess.TimeoutExpired:
+                reason = "it took over 15 minutes"
+            else:
+                if result.returncode == 0:
+                    continue
+                reason = (result.stderr.strip().splitlines() or ["no output"])[-1]
+            shutil.rmtree(venv, ignore_errors=True)
+            pytest.skip(f"could not install {CHECKOV} into {venv} ({reason}): checkov's checks not run")
+        installed.touch()
+    return executable
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_checkov_finds_nothing_in_the_kubernetes_manifests() -> None:
+    command = [
+        str(checkov_executable()),
+        *("--directory", str(ROOT / "deploy/kubernetes")),
+        *("--framework", "kubernetes"),
+        *("--skip-check", ",".join(sorted(CHECKOV_SKIPPED))),
+        *("--output", "json", "--skip-download"),
+    ]
+    # Offline: no platform downloads (--skip-download), no check for a newer release.
+    env = {**os.environ, "CKV_SKIP_PACKAGE_UPDATE_CHECK": "true", "BC_SKIP_MAPPING": "TRUE"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode in (0, 1), result.stderr  # 1: some check failed
+    report = json.loads(result.stdout)
+    failed = [
+        (check["check_id"], check["check_name"], check["resource"], check["file_path"])
+        for check in report["results"]["failed_checks"]
+    ]
+    assert failed == []
+    assert report["summary"]["parsing_errors"] == 0
+    documents = [doc for path in MANIFESTS for doc in yaml.safe_load_all(path.read_text())]
+    # Every document but the Kustomization was read (checkov counts some twice).
+    assert report["summary"]["resource_count"] >= len(documents) - 1
+    assert report["summary"]["passed"] > 0
 
 
 def test_compose_services_run_real_commands() -> None:
