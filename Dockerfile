@@ -11,14 +11,17 @@ COPY spark ./spark
 RUN python -m venv /opt/fastpubsub && /opt/fastpubsub/bin/pip install .
 
 FROM python:3.11-slim
-RUN useradd --system --uid 10001 --user-group --home-dir /app --shell /usr/sbin/nologin fastpubsub \
+# A fixed uid and gid (10001, outside any host's system range) that the
+# Kubernetes manifests name in runAsUser and runAsGroup.
+RUN groupadd --system --gid 10001 fastpubsub \
+    && useradd --system --uid 10001 --gid 10001 --home-dir /app --shell /usr/sbin/nologin fastpubsub \
     && mkdir /app && chown fastpubsub:fastpubsub /app
 COPY --from=build /opt/fastpubsub /opt/fastpubsub
 ENV PATH=/opt/fastpubsub/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     FASTPUBSUB_API_HOST=0.0.0.0 \
     FASTPUBSUB_API_PORT=8000
-USER 10001
+USER 10001:10001
 WORKDIR /app
 EXPOSE 8000
 # The check reads FASTPUBSUB_API_PORT at run time, so `-e FASTPUBSUB_API_PORT=9000`

@@ -23,7 +23,7 @@ _PLACEHOLDER_SECRETS = {
     "your-secret-key",
     "a1b2c3d4e5f6g7h8i9j0k1l2m3n4o5p6",
 }
-# Words that mark a value as an example to replace (deploy/kubernetes/secret.yaml
+# Words that mark a value as an example to replace (deploy/kubernetes/secret.example.yaml
 # ships `CHANGE-ME-use-fastpubsub-generate-secret-key`); compared case-insensitively.
 _PLACEHOLDER_WORDS = ("change-me", "changeme", "change_me", "example", "placeholder")
 

@@ -122,7 +122,7 @@ def test_placeholder_signing_keys_are_refused(key: str) -> None:
 def test_the_kubernetes_example_secret_is_refused() -> None:
     import yaml
 
-    documents = yaml.safe_load_all((ROOT / "deploy/kubernetes/secret.yaml").read_text())
+    documents = yaml.safe_load_all((ROOT / "deploy/kubernetes/secret.example.yaml").read_text())
     (secret,) = [doc for doc in documents if doc["kind"] == "Secret"]
     key = secret["stringData"]["FASTPUBSUB_AUTH_SECRET_KEY"]
     settings = Settings(_env_file=None, auth_enabled=True, auth_secret_key=key)
