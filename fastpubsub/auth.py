@@ -10,11 +10,12 @@ from __future__ import annotations
 import re
 import secrets
 import time
-import warnings
 from dataclasses import dataclass
 from uuid import UUID
 
 import jwt
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError
 
 from fastpubsub.exceptions import AuthenticationError, InvalidInputError, PermissionDeniedError
 from fastpubsub.settings import Settings
@@ -40,19 +41,11 @@ MAX_SCOPES_LENGTH = 4096
 _OBJECT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _ISSUER = "fastpubsub"
 
-with warnings.catch_warnings():
-    # passlib imports the standard `crypt` module (deprecated since Python 3.11)
-    # and reads argon2.__version__ (deprecated by argon2-cffi) while it loads its
-    # argon2 backend. Both happen once, here; fastpubsub needs neither.
-    warnings.simplefilter("ignore", DeprecationWarning)
-    from passlib.context import CryptContext
-
-    # Memory-hard but affordable: 19 MiB, two passes (the OWASP minimum for argon2id).
-    _hasher = CryptContext(
-        schemes=["argon2"], argon2__memory_cost=19456, argon2__time_cost=2, argon2__parallelism=1
-    )
-    # Verified when a client id is unknown, so that the answer takes as long as for a wrong secret.
-    _DUMMY_HASH = _hasher.hash(secrets.token_urlsafe(32))
+# argon2id, memory-hard but affordable: 19 MiB, two passes (the OWASP minimum).
+# Hashes are standard PHC strings ($argon2id$v=19$m=19456,t=2,p=1$...).
+_hasher = PasswordHasher(memory_cost=19456, time_cost=2, parallelism=1)
+# Verified when a client id is unknown, so that the answer takes as long as for a wrong secret.
+_DUMMY_HASH = _hasher.hash(secrets.token_urlsafe(32))
 
 
 def generate_secret() -> str:
@@ -67,17 +60,17 @@ def generate_signing_key() -> str:
 
 def hash_secret(secret: str) -> str:
     """Slow on purpose: call it off the event loop."""
-    return str(_hasher.hash(secret))
+    return _hasher.hash(secret)
 
 
 def verify_secret(secret: str, secret_hash: str | None) -> bool:
     """Constant-time check; with no hash it still does the work and answers False."""
-    if secret_hash is None:
-        _hasher.verify(secret, _DUMMY_HASH)
-        return False
     try:
-        return bool(_hasher.verify(secret, secret_hash))
-    except (ValueError, TypeError):
+        if secret_hash is None:
+            _hasher.verify(_DUMMY_HASH, secret)
+            return False
+        return _hasher.verify(secret_hash, secret)
+    except (VerificationError, InvalidHashError):
         return False
 
 

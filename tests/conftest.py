@@ -1,7 +1,10 @@
 """Test harness: a real PostgreSQL for every test that touches data.
 
 FASTPUBSUB_TEST_DATABASE_URL names a server to use (its user needs CREATEDB);
-without it the session starts an embedded PostgreSQL in a temporary directory.
+FASTPUBSUB_TEST_POSTGRES_IMAGE (e.g. postgres:14) runs the session against a
+container of that image instead (testcontainers; needs a Docker engine, see
+`make test-matrix`); without either the session starts an embedded PostgreSQL
+in a temporary directory.
 The template database is built once, straight from the current SQL source
 (fastpubsub/sql; tests/db/test_migrations.py proves the revisions build the
 same); every test gets its own copy (CREATE DATABASE ... TEMPLATE), dropped
@@ -10,6 +13,7 @@ afterwards, so tests never share state.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import uuid
@@ -21,9 +25,14 @@ import pytest
 from sqlalchemy.engine import make_url
 
 # Tests configure fastpubsub explicitly; settings from the developer's shell
-# must not leak in, except the two that choose which PostgreSQL to test on.
+# must not leak in, except those that choose which PostgreSQL to test on.
+_CHOOSE_POSTGRES = (
+    "FASTPUBSUB_TEST_DATABASE_URL",
+    "FASTPUBSUB_TEST_POSTGRES_IMAGE",
+    "FASTPUBSUB_EMBEDDED_PG_BIN",
+)
 for _name in [name for name in os.environ if name.startswith("FASTPUBSUB_")]:
-    if _name not in ("FASTPUBSUB_TEST_DATABASE_URL", "FASTPUBSUB_EMBEDDED_PG_BIN"):
+    if _name not in _CHOOSE_POSTGRES:
         del os.environ[_name]
 
 from fastpubsub import migrate  # noqa: E402
@@ -59,11 +68,49 @@ class PostgresServer:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def docker_engine_problem() -> str | None:
+    """Why no Docker engine can run containers here (None: one answers)."""
+    try:
+        import docker
+
+        docker.from_env(timeout=5).ping()
+    except Exception as exc:  # any failure to reach the engine says the same thing
+        return " ".join(str(exc).split())[:300] or type(exc).__name__
+    return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    image = os.environ.get("FASTPUBSUB_TEST_POSTGRES_IMAGE")
+    if image and (problem := docker_engine_problem()):
+        raise pytest.UsageError(
+            f"FASTPUBSUB_TEST_POSTGRES_IMAGE={image} runs the tests in a container, but no Docker engine "
+            f"answers ({problem}); unset it to use the embedded PostgreSQL"
+        )
+
+
+@contextlib.contextmanager
+def postgres_container(image: str) -> Iterator[str]:
+    """A PostgreSQL server in a container of `image` (testcontainers), its admin URL."""
+    from testcontainers.community.postgres import PostgresContainer
+
+    container = PostgresContainer(image, username="fastpubsub", password="fastpubsub", driver=None)
+    container.start()
+    try:
+        yield container.get_connection_url()
+    finally:
+        container.stop()
+
+
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[PostgresServer]:
     url = os.environ.get("FASTPUBSUB_TEST_DATABASE_URL")
     if url:
         yield PostgresServer(url)
+        return
+    image = os.environ.get("FASTPUBSUB_TEST_POSTGRES_IMAGE")
+    if image:
+        with postgres_container(image) as container_url:
+            yield PostgresServer(container_url)
         return
     data_dir = Path(tempfile.mkdtemp(prefix="fastpubsub-test-pg-"))
     embedded = EmbeddedPostgres(data_dir, settings=EPHEMERAL_SETTINGS)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from fastpubsub.bench import ceiling, suite, workloads
+# The workloads pull in httpx, psycopg, rich and the migrations: imported by
+# each command, so that `fastpubsub --help` stays quick.
+if TYPE_CHECKING:
+    from fastpubsub.bench import ceiling, workloads
 
 bench_app = typer.Typer(
     help="Load generator: HTTP workloads against a server, the same work in plain SQL as the ceiling.",
@@ -60,6 +63,8 @@ def bench_all(
     workers: Annotated[int, typer.Option(min=1, help="Workers of the server it starts")] = 2,
 ) -> None:
     """Every workload, HTTP side by side with the SQL ceiling, and the targets they meet."""
+    from fastpubsub.bench import ceiling, suite
+
     if url and not database_url:
         # Fills, the ceiling and the checks would go to another database than the server's.
         typer.echo("error: --url needs --database-url (the database that server uses)", err=True)
@@ -100,6 +105,7 @@ def bench_publish(
     seconds: Seconds = 15,
 ) -> None:
     """Publish into a new topic with three subscriptions (one filtered)."""
+    from fastpubsub.bench import suite, workloads
 
     async def run() -> workloads.Result:
         return await suite.phase(
@@ -129,6 +135,7 @@ def bench_consume(
     payload_bytes: PayloadBytes = 230,
 ) -> None:
     """Publish a backlog, then consume and ack it all; checks nothing is lost, delivered or acked twice."""
+    from fastpubsub.bench import suite, workloads
 
     async def run() -> workloads.Result:
         connect = suite.connector(url, token)
@@ -176,6 +183,7 @@ def bench_e2e(
     payload_bytes: PayloadBytes = 230,
 ) -> None:
     """Publish at a fixed rate; a long-polling consumer reports latency percentiles."""
+    from fastpubsub.bench import suite, workloads
 
     async def run() -> workloads.Result:
         return await suite.phase(
@@ -208,6 +216,7 @@ def bench_sql(
     and checks every message was delivered and acked once.
     """
     from fastpubsub import migrate
+    from fastpubsub.bench import ceiling, suite, workloads
     from fastpubsub.db.urls import libpq_url
 
     url = libpq_url(database_url)

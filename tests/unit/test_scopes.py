@@ -69,3 +69,13 @@ def test_parse_scopes_limits_how_many_and_how_long() -> None:
         auth.parse_scopes(" ".join(f"topics:read:t{i}" for i in range(40_000)))
     with pytest.raises(InvalidInputError, match="characters"):
         auth.parse_scopes("topics:read " * (auth.MAX_SCOPES_LENGTH // 12 + 1))
+
+
+def test_secrets_hashed_by_earlier_releases_still_verify() -> None:
+    """Client rows keep the PHC strings earlier releases wrote (then with passlib); they still work."""
+    stored = (
+        "$argon2id$v=19$m=19456,t=2,p=1$2dtbq3XOGcNYa20NYawVwg$hUDHnNMMJhAZv303EAgSGHjdrrlnFC3SynJsLhwXB1M"
+    )
+    assert auth.verify_secret("kept-from-an-earlier-release", stored)
+    assert not auth.verify_secret("another-secret", stored)
+    assert not auth.verify_secret("kept-from-an-earlier-release", "not a hash")

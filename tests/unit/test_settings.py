@@ -12,7 +12,7 @@ from fastpubsub.exceptions import ConfigurationError
 from fastpubsub.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
-TEST_ONLY = {"FASTPUBSUB_TEST_DATABASE_URL"}
+TEST_ONLY = {"FASTPUBSUB_TEST_DATABASE_URL", "FASTPUBSUB_TEST_POSTGRES_IMAGE"}
 
 
 def shown(value: object) -> str:
