@@ -22,6 +22,7 @@ import logging
 import math
 import multiprocessing
 import os
+import signal
 import socket
 import sys
 
@@ -196,7 +197,12 @@ class Worker(UvicornWorker):  # type: ignore[misc]  # uvicorn-worker has no type
         self.config.app = self.wsgi
         self.config.timeout_graceful_shutdown = math.ceil(get_settings().api_graceful_seconds)
         server = SharingServer(config=self.config)
-        self._install_sigquit_handler()
+        # The master's quick stop (SIGINT or SIGQUIT to it) sends workers SIGQUIT.
+        # uvicorn-worker's own handler only marks the gunicorn worker as stopping,
+        # which the uvicorn server never reads: the worker would then serve on
+        # until the master kills it. Stop the server itself instead.
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGQUIT, server.handle_exit, signal.SIGQUIT, None)
         await server.serve(sockets=self.sockets)
         if not server.started:
             sys.exit(Arbiter.WORKER_BOOT_ERROR)

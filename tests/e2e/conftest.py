@@ -46,8 +46,8 @@ class Server:
         return httpx.Client(base_url=self.url, timeout=40, **kwargs)  # type: ignore[arg-type]
 
 
-def start_server(env: dict[str, str], log: Path, workers: int = 2) -> Server:
-    port = free_port()
+def start_server(env: dict[str, str], log: Path, workers: int = 2, port: int | None = None) -> Server:
+    port = port or free_port()
     with log.open("wb") as out:
         process = subprocess.Popen(
             [FASTPUBSUB, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)],
@@ -83,8 +83,8 @@ def stop_server(server: Server) -> None:
 def run_server(tmp_path: Path) -> Iterator[Callable[..., Server]]:
     started: list[Server] = []
 
-    def _run(env: dict[str, str], workers: int = 2) -> Server:
-        server = start_server(env, tmp_path / f"server-{len(started)}.log", workers)
+    def _run(env: dict[str, str], workers: int = 2, port: int | None = None) -> Server:
+        server = start_server(env, tmp_path / f"server-{len(started)}.log", workers, port)
         started.append(server)
         return server
 
