@@ -46,9 +46,12 @@ log = logging.getLogger(__name__)
 # Streams send a keep-alive comment after this long without writing anything,
 # so that proxies keep them open.
 KEEPALIVE_SECONDS = 15.0
-# A full stream (max_in_flight messages out) asks the database which of its
-# leases are still held at least this often, in case an ack elsewhere went unheard.
-FULL_RECHECK_SECONDS = 1.0
+# A full stream (max_in_flight messages out) refills when this process settles
+# one of its messages, when another process says it settled messages of the
+# subscription (then it asks the database which of its leases are still held),
+# and when a lease runs out (it knows when). In case a notification went
+# unheard, it also asks this often.
+FULL_RECHECK_SECONDS = 30.0
 # While the database is unreachable a stream stays open, retrying this often
 # (doubling up to the maximum), and gives up after the outage limit.
 OUTAGE_RETRY_SECONDS = 0.25

@@ -40,6 +40,7 @@ from fastpubsub.db import Database, NotificationListener
 from fastpubsub.db.listener import NotificationSender
 from fastpubsub.exceptions import FastPubSubError
 from fastpubsub.logs import one_line
+from fastpubsub.models import Subscription
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,8 @@ DEGRADED_RECHECK_SECONDS = 1.0
 # Streams register (touch_stream) so that acks and nacks in other processes tell
 # them about room; the hub renews that for its subscriptions well within its 60 s.
 TOUCH_SECONDS = 30.0
+# Streams opening read their subscription (its ack deadline) at most this often per process.
+SUBSCRIPTION_SECONDS = 5.0
 # A notification payload longer than this names no subscription: everyone looks.
 MAX_PAYLOAD_BYTES = 7000
 
@@ -111,6 +114,8 @@ class WakeHub:
         self.sender = NotificationSender(database.url)
         self._queues: dict[str, _Queue] = {}
         self._pending: dict[str, int] = {}
+        self._subscriptions: dict[str, tuple[float, Subscription]] = {}
+        self._touching: set[asyncio.Task[None]] = set()
         self._sender: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         # Counted for the benchmark and the tests: notifications sent and looks woken.
@@ -164,12 +169,31 @@ class WakeHub:
             del queue.waiters[waiter]
             self._forget_if_idle(subscription_id, queue)
 
+    async def subscription(self, subscription_id: str) -> Subscription:
+        """The subscription (NotFoundError if there is none), read at most every SUBSCRIPTION_SECONDS.
+
+        Thousands of streams opening on one subscription then cost one query, not thousands.
+        """
+        loop = asyncio.get_running_loop()
+        cached = self._subscriptions.get(subscription_id)
+        if cached is not None and loop.time() - cached[0] < SUBSCRIPTION_SECONDS:
+            return cached[1]
+        found = await self.database.get_subscription(subscription_id)
+        if len(self._subscriptions) > 10_000:
+            self._subscriptions.clear()
+        self._subscriptions[subscription_id] = (loop.time(), found)
+        return found
+
     @contextlib.contextmanager
     def stream(self, subscription_id: str) -> Iterator[None]:
         """A stream of this subscription is open here (the hub keeps it registered, see TOUCH_SECONDS)."""
         queue = self._queues.get(subscription_id)
         if queue is None:
             queue = self._queues[subscription_id] = _Queue()
+        if not queue.streams:  # the first here: register it now (acks elsewhere then tell it of room)
+            task = asyncio.create_task(self._touch(subscription_id), name="fastpubsub-touch-stream")
+            self._touching.add(task)
+            task.add_done_callback(self._touching.discard)
         queue.streams += 1
         try:
             yield
@@ -330,10 +354,13 @@ class WakeHub:
             await asyncio.sleep(TOUCH_SECONDS)
             for subscription_id, queue in list(self._queues.items()):
                 if queue.streams:
-                    try:
-                        await self.database.touch_stream(subscription_id)
-                    except FastPubSubError as exc:
-                        log.debug("touch_stream %s: %s", subscription_id, one_line(exc))
+                    await self._touch(subscription_id)
+
+    async def _touch(self, subscription_id: str) -> None:
+        try:
+            await self.database.touch_stream(subscription_id)
+        except FastPubSubError as exc:
+            log.debug("touch_stream %s: %s", subscription_id, one_line(exc))
 
     async def _degraded_looks(self) -> None:
         while True:

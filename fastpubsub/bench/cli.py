@@ -61,6 +61,15 @@ def bench_all(
         int, typer.Option(min=1000, help="Message lifecycles the WAL figure is measured over")
     ] = 20_000,
     workers: Annotated[int, typer.Option(min=1, help="Workers of the server it starts")] = 2,
+    http_seconds: Annotated[
+        float, typer.Option(min=1, help="How long each one-message-per-request phase (wrk) runs")
+    ] = 8,
+    http_connections: Annotated[int, typer.Option(min=1, help="Connections wrk keeps busy")] = 32,
+    waiters: Annotated[int, typer.Option(min=1, help="Idle long-polls while messages trickle in")] = 500,
+    streams: Annotated[int, typer.Option(min=1, help="Streams draining a backlog")] = 4,
+    stream_messages: Annotated[int, typer.Option(min=1000, help="Backlog the streams drain")] = 50_000,
+    idle_streams: Annotated[int, typer.Option(min=1, help="Idle streams held open at once")] = 10_000,
+    fast_rate: Annotated[float, typer.Option(min=1, help="The second end-to-end rate, msg/s")] = 2000,
 ) -> None:
     """Every workload, HTTP side by side with the SQL ceiling, and the targets they meet."""
     from fastpubsub.bench import ceiling, suite
@@ -82,7 +91,22 @@ def bench_all(
         backlog=backlog,
         wal_messages=wal_messages,
         workers=workers,
+        http_seconds=http_seconds,
+        http_connections=http_connections,
+        waiters=waiters,
+        waiter_seconds=min(8, e2e_seconds),
+        streams=streams,
+        stream_messages=stream_messages,
+        idle_streams=idle_streams,
+        fast_rate=fast_rate,
     )
+    from fastpubsub.bench import wrk
+
+    try:
+        wrk.find_wrk()
+    except wrk.WrkMissing as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     try:
         # The ceiling's client processes start first, while this process has no other thread.
         with ceiling.Clients(max(publishers, consumers)) as clients:

@@ -25,7 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from fastpubsub import migrate
-from fastpubsub.bench import ceiling, workloads
+from fastpubsub.bench import ceiling, waiting, workloads, wrk
 from fastpubsub.bench.client import Connection
 from fastpubsub.bench.workloads import Result
 from fastpubsub.db.urls import libpq_url
@@ -49,6 +49,17 @@ class Options:
     backlog_sample: int = 10_000
     wal_messages: int = 20_000
     workers: int = 2
+    # One message per request, loaded by wrk (a compiled generator).
+    http_connections: int = 32
+    http_seconds: float = 8
+    # Many waiting consumers.
+    waiters: int = 500
+    waiter_rate: float = 40
+    waiter_seconds: float = 8
+    streams: int = 4
+    stream_messages: int = 50_000
+    idle_streams: int = 10_000
+    fast_rate: float = 2000  # the second end-to-end rate
 
 
 class BenchError(Exception):
@@ -108,8 +119,8 @@ _WORKER_STARTED = ("fastpubsub API ready", "listening for notifications")
 
 
 @contextlib.asynccontextmanager
-async def server(database_url: str, workers: int) -> AsyncIterator[str]:
-    """`fastpubsub server` with `workers` workers as a child process, every worker booted."""
+async def server(database_url: str, workers: int) -> AsyncIterator[tuple[str, int]]:
+    """`fastpubsub server` with `workers` workers as a child process, every worker booted; URL and pid."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FASTPUBSUB_")}
     env.update(
@@ -143,7 +154,7 @@ async def server(database_url: str, workers: int) -> AsyncIterator[str]:
                     await asyncio.sleep(0.2)
                 else:
                     raise RuntimeError(f"the server's {workers} workers did not all start; see {log.name}")
-        yield url
+        yield url, process.pid
     finally:
         process.terminate()
         try:
@@ -224,20 +235,128 @@ async def run_all(
             )
         console.print(f"  WAL per message: {results['wal'].extra['total_bytes']:,.0f} bytes")
         async with contextlib.AsyncExitStack() as stack:
+            server_pid = None
             if url is None:
-                url = await stack.enter_async_context(server(db_url, o.workers))
+                url, server_pid = await stack.enter_async_context(server(db_url, o.workers))
+            assert url is not None
             client = connector(url, token)
+            await one_message_per_request(results, url, token, client, db_url, o)
             await side_by_side(results, client, db_url, clients, o)
             await asyncio.to_thread(vacuum, db_url)
-            results["e2e"] = await phase(
-                f"end-to-end at {o.rate:g} msg/s",
-                int(o.rate * o.e2e_seconds),
-                lambda p: workloads.http_end_to_end(
-                    client, rate=o.rate, seconds=o.e2e_seconds, payload_bytes=o.payload_bytes, progress=p
-                ),
-            )
+            await many_waiting(results, url, token, client, db_url, o)
+            for key, rate in (("e2e", o.rate), ("e2e_fast", o.fast_rate)):
+                results[key] = await phase(
+                    f"end-to-end at {rate:g} msg/s",
+                    int(rate * o.e2e_seconds),
+                    lambda p, rate=rate: workloads.http_end_to_end(  # type: ignore[misc]
+                        client, rate=rate, seconds=o.e2e_seconds, payload_bytes=o.payload_bytes, progress=p
+                    ),
+                )
             results["backlog"] = await backlog_effect(client, db_url, o)
+            results["idle_streams"] = await held_streams(url, client, server_pid, o)
     return results
+
+
+async def one_message_per_request(
+    results: dict[str, Any], url: str, token: str | None, client: workloads.Connect, db_url: str, o: Options
+) -> None:
+    """What HTTP alone costs (the floor), then publish and consume+ack with one message per request."""
+    seconds, connections = o.http_seconds, o.http_connections
+    with progress_bar(f"HTTP floor: GET /liveness, {connections} connections", None):
+        results["floor"] = await wrk.run(
+            url, "/liveness", connections=connections, seconds=seconds, token=token
+        )
+    console.print(f"  HTTP floor: {results['floor'].rate:,.0f} requests/s")
+    topic = workloads.unique("bench-one")
+    await asyncio.to_thread(workloads.sql_setup, db_url, topic, workloads.fan_out(topic))
+    script = wrk.publish_script(f"/topics/{topic}/messages", workloads.batch_body(1, o.payload_bytes))
+    with progress_bar(f"publish, 1 message per request, {connections} connections", None):
+        results["publish_one"] = await wrk.run(
+            url, "/", connections=connections, seconds=seconds, script=script, token=token
+        )
+    console.print(f"  publish, one per request: {results['publish_one'].rate:,.0f} msg/s")
+    # A backlog that outlasts the phase: wrk leases one message, acks it, leases the next.
+    backlog = int(max(results["publish_one"].rate, 2000) * seconds)
+    with progress_bar(f"filling a backlog of {backlog:,}", None):
+        subscription = await fill_subscription(db_url, backlog, o.payload_bytes, "bench-one-con")
+    with progress_bar(f"consume+ack, 1 message per request, {connections} connections", None):
+        result = await wrk.run(
+            url,
+            "/",
+            connections=connections,
+            seconds=seconds,
+            script=wrk.consume_ack_script(subscription, "wrk"),
+            token=token,
+        )
+    metrics = await asyncio.to_thread(workloads.sql_metrics, db_url, subscription)
+    results["consume_ack_one"] = result
+    results["consume_ack_one_acked"] = metrics["acked"]
+    console.print(f"  consume+ack, one per request: {metrics['acked'] / result.seconds:,.0f} msg/s")
+
+
+async def many_waiting(
+    results: dict[str, Any], url: str, token: str | None, client: workloads.Connect, db_url: str, o: Options
+) -> None:
+    """Idle long-polls while messages trickle in, then streams draining a backlog."""
+    topic = workloads.unique("bench-wait")
+    subscription = f"{topic}-s"
+    await asyncio.to_thread(workloads.sql_setup, db_url, topic, [(subscription, None)])
+    results["long_polls"] = await phase(
+        f"{o.waiters} idle long-polls, {o.waiter_rate:g} msg/s published",
+        int(o.waiter_rate * o.waiter_seconds),
+        lambda p: waiting.idle_long_polls(
+            client,
+            db_url,
+            topic=topic,
+            subscription=subscription,
+            waiters=o.waiters,
+            rate=o.waiter_rate,
+            seconds=o.waiter_seconds,
+            payload_bytes=o.payload_bytes,
+            progress=p,
+        ),
+    )
+    with progress_bar(f"filling a backlog of {o.stream_messages:,}", None):
+        subscription = await fill_subscription(db_url, o.stream_messages, o.payload_bytes, "bench-stream")
+    results["streams"] = await phase(
+        f"consume+ack with {o.streams} streams",
+        o.stream_messages,
+        lambda p: waiting.sse_consume(
+            url,
+            token,
+            subscription=subscription,
+            messages=o.stream_messages,
+            streams=o.streams,
+            max_in_flight=1000,
+            ack_batch=100,
+            progress=p,
+        ),
+    )
+    metrics = await asyncio.to_thread(workloads.sql_metrics, db_url, subscription)
+    results["streams"] = workloads.verify_drained(results["streams"], o.stream_messages, metrics)
+
+
+async def held_streams(url: str, client: workloads.Connect, server_pid: int | None, o: Options) -> Any:
+    topic = workloads.unique("bench-idle")
+    http = client()
+    try:
+        await workloads.http_setup(http, topic, [(f"{topic}-s", None)])
+    finally:
+        http.close()
+    with progress_bar(f"{o.idle_streams:,} idle streams", None):
+        result = await waiting.idle_streams(
+            client,
+            url,
+            server_pid=server_pid,
+            topic=topic,
+            subscription=f"{topic}-s",
+            streams=o.idle_streams,
+            rate=o.rate,
+            seconds=5,
+            payload_bytes=o.payload_bytes,
+        )
+    console.print(f"  {o.idle_streams:,} idle streams: server {result.extra['server_rss_mib']:,.0f} MiB")
+    return result
 
 
 async def side_by_side(
@@ -393,7 +512,14 @@ def summary(results: dict[str, Any], o: Options) -> dict[str, Any]:
     sql_pub, http_pub = results["sql_publish"], results["http_publish"]
     sql_con, http_con = results["sql_consume"], results["http_consume"]
     e2e, backlog, wal = results["e2e"], results["backlog"], results["wal"]
-    consumed = sql_con + http_con
+    floor, one, one_con = results["floor"], results["publish_one"], results["consume_ack_one"]
+    polls, streams, fast, idle = (
+        results["long_polls"],
+        results["streams"],
+        results["e2e_fast"],
+        results["idle_streams"],
+    )
+    consumed = sql_con + http_con + [streams]
     problems = [
         f"{r.name}, round {i + 1}: {problem}"
         for side in (sql_con, http_con)
@@ -430,6 +556,31 @@ def summary(results: dict[str, Any], o: Options) -> dict[str, Any]:
         "wal_fpi": wal.extra["fpi"],
         "wal_method": wal.extra["method"],
         "payload_bytes": o.payload_bytes,
+        "http_floor_requests_per_s": round(floor.rate),
+        "publish_one_msgs_per_s": round(one.rate),
+        "publish_one_ratio": round(one.rate / floor.rate, 3),
+        "publish_one_p50_ms": round(one.p50_ms, 2),
+        "publish_one_p99_ms": round(one.p99_ms, 2),
+        "publish_one_errors": one.errors + one.non_2xx,
+        "consume_ack_one_msgs_per_s": round(results["consume_ack_one_acked"] / one_con.seconds),
+        "consume_ack_one_ratio": round(results["consume_ack_one_acked"] / one_con.seconds / floor.rate, 3),
+        "consume_ack_one_errors": one_con.errors + one_con.non_2xx,
+        "wrk_cpu_share": round(max(floor.cpu_share, one.cpu_share, one_con.cpu_share), 3),
+        "long_poll_waiters": polls.extra["waiters"],
+        "long_poll_extra_transactions_per_publish": round(polls.extra["extra_transactions_per_publish"], 2),
+        "long_poll_delivered_share": round(polls.extra["delivered_share"], 3),
+        "long_poll_publish_p50_ms": round(polls.extra["publish_p50_ms"], 2),
+        "long_poll_publish_p50_ms_nobody_waiting": round(polls.extra["publish_p50_ms_nobody_waiting"], 2),
+        "stream_msgs_per_s": round(streams.rate),
+        "stream_ratio": round(streams.rate / _median_rate(sql_con), 3),
+        "stream_client_busy": round(streams.extra["client_busy"], 3),
+        "e2e_fast_rate": o.fast_rate,
+        "e2e_fast_p50_ms": round(fast.extra["p50_ms"], 2),
+        "e2e_fast_p99_ms": round(fast.extra["p99_ms"], 2),
+        "idle_streams": idle.extra["streams"],
+        "idle_streams_server_rss_mib": round(idle.extra["server_rss_mib"]),
+        "idle_streams_publish_p99_ms": round(idle.extra["publish_p99_ms"], 2),
+        "idle_streams_publish_p99_ms_without": round(idle.extra["publish_p99_ms_without"], 2),
     }
     figures["targets_met"] = all(
         [
@@ -442,6 +593,18 @@ def summary(results: dict[str, Any], o: Options) -> dict[str, Any]:
             figures["consume_lost"] == 0,
             figures["consume_duplicates"] == 0,
             not problems,
+            figures["publish_one_ratio"] >= 0.6,
+            figures["consume_ack_one_ratio"] >= 0.3,
+            figures["publish_one_errors"] == figures["consume_ack_one_errors"] == 0,
+            figures["long_poll_extra_transactions_per_publish"] <= 8,
+            figures["long_poll_delivered_share"] >= 0.95,
+            figures["long_poll_publish_p50_ms"] - figures["long_poll_publish_p50_ms_nobody_waiting"] <= 2,
+            figures["stream_ratio"] >= 0.7,
+            figures["e2e_fast_p50_ms"] <= 5,
+            figures["e2e_fast_p99_ms"] <= 25,
+            # Only measurable for a server this run started (its processes' memory).
+            figures["idle_streams_server_rss_mib"] < 1024,
+            figures["idle_streams_publish_p99_ms"] - figures["idle_streams_publish_p99_ms_without"] <= 2,
         ]
     )
     return figures
@@ -495,6 +658,80 @@ def table(f: dict[str, Any], o: Options) -> Table:
         "[green]not client-bound[/green]"
         if busy < CLIENT_BOUND
         else "[yellow]client-bound: the ceiling is low[/yellow]",
+    )
+    floor = f["http_floor_requests_per_s"]
+    t.add_row(
+        f"HTTP floor: GET /liveness, {o.http_connections} connections (wrk), requests/s",
+        f"{floor:,}",
+        "",
+        "",
+        "",
+    )
+    t.add_row(
+        f"publish msg/s, 1 per request, {o.http_connections} connections (wrk)",
+        f"{f['publish_one_msgs_per_s']:,}",
+        "",
+        f"{f['publish_one_ratio']:.2f}x floor",
+        f">= 0.6x {ok(f['publish_one_ratio'] >= 0.6)}",
+    )
+    t.add_row(
+        f"consume+ack msg/s, 1 per request (2 requests each), {o.http_connections} connections (wrk)",
+        f"{f['consume_ack_one_msgs_per_s']:,}",
+        "",
+        f"{f['consume_ack_one_ratio']:.2f}x floor",
+        f">= 0.3x {ok(f['consume_ack_one_ratio'] >= 0.3)}",
+    )
+    t.add_row(
+        "  wrk's busiest share of one CPU; errors",
+        f"{f['wrk_cpu_share']:.0%}; {f['publish_one_errors'] + f['consume_ack_one_errors']}",
+        "",
+        "",
+        "",
+    )
+    t.add_row(
+        f"{f['long_poll_waiters']} idle long-polls, {o.waiter_rate:g} msg/s: extra transactions per publish",
+        f"{f['long_poll_extra_transactions_per_publish']:.1f}",
+        "",
+        "",
+        f"<= 8 {ok(f['long_poll_extra_transactions_per_publish'] <= 8)}",
+    )
+    t.add_row(
+        "  delivered while published; publish p50 with / without waiters",
+        f"{f['long_poll_delivered_share']:.0%}; {f['long_poll_publish_p50_ms']:.1f} / "
+        f"{f['long_poll_publish_p50_ms_nobody_waiting']:.1f} ms",
+        "",
+        "",
+        ">= 95%; +<= 2 ms "
+        + ok(
+            f["long_poll_delivered_share"] >= 0.95
+            and f["long_poll_publish_p50_ms"] - f["long_poll_publish_p50_ms_nobody_waiting"] <= 2
+        ),
+    )
+    t.add_row(
+        f"stream consume+ack msg/s ({o.streams} streams, acks in batches of 100)",
+        f"{f['stream_msgs_per_s']:,}",
+        f"{f['consume_ack_sql_msgs_per_s']:,}",
+        f"{f['stream_ratio']:.0%}",
+        f">= 70% {ok(f['stream_ratio'] >= 0.7)}",
+    )
+    t.add_row(
+        f"end-to-end p50 / p99 at {o.fast_rate:g} msg/s, long-poll",
+        f"{f['e2e_fast_p50_ms']:.1f} / {f['e2e_fast_p99_ms']:.1f} ms",
+        "",
+        "",
+        f"<= 5 / 25 ms {ok(f['e2e_fast_p50_ms'] <= 5 and f['e2e_fast_p99_ms'] <= 25)}",
+    )
+    t.add_row(
+        f"{f['idle_streams']:,} idle streams: server memory; publish p99 with / without",
+        f"{f['idle_streams_server_rss_mib']:,} MiB; {f['idle_streams_publish_p99_ms']:.1f} / "
+        f"{f['idle_streams_publish_p99_ms_without']:.1f} ms",
+        "",
+        "",
+        "< 1 GiB; +<= 2 ms "
+        + ok(
+            f["idle_streams_server_rss_mib"] < 1024
+            and f["idle_streams_publish_p99_ms"] - f["idle_streams_publish_p99_ms_without"] <= 2
+        ),
     )
     t.add_row(
         f"end-to-end p50 / p99 at {o.rate:g} msg/s, long-poll",

@@ -233,10 +233,14 @@ async def http_end_to_end(
                     progress(len(messages))
                 await reader.post(f"{path}/acks", orjson.dumps([m["id"] for m in messages]), expect=204)
 
-    async def publisher() -> None:
+    # Several publishing connections at high rates: one sends a request at a
+    # time, and at thousands a second the next would be due before the last is answered.
+    writers = [writer] + [connect() for _ in range(max(1, math.ceil(rate / 250)) - 1)]
+
+    async def publisher(k: int) -> None:
         interval = 1 / rate
         start = time.perf_counter()
-        for seq in range(expected):
+        for seq in range(k, expected, len(writers)):
             delay = start + seq * interval - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -244,17 +248,18 @@ async def http_end_to_end(
             message["seq"] = seq
             body = orjson.dumps([message])
             sent[seq] = time.perf_counter()
-            await writer.post(f"/topics/{topic}/messages", body, expect=204)
+            await writers[k].post(f"/topics/{topic}/messages", body, expect=204)
 
     listening = asyncio.create_task(consumer())
     await asyncio.sleep(0.2)  # the consumer is waiting before the first publish
     started = time.perf_counter()
     try:
-        await publisher()
+        await asyncio.gather(*(publisher(k) for k in range(len(writers))))
         await asyncio.wait_for(listening, timeout=30)
     finally:
         reader.close()
-        writer.close()
+        for each in writers:
+            each.close()
     elapsed = time.perf_counter() - started
     ordered = sorted(latencies)
 

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Body, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from fastpubsub.api import delivery
-from fastpubsub.api.deps import DatabaseDep, DeliveryDep, PrincipalDep
+from fastpubsub.api.deps import DeliveryDep, PrincipalDep
 from fastpubsub.api.errors import error_responses
 from fastpubsub.api.params import IdList, SubscriptionId
 from fastpubsub.api.schemas import (
@@ -198,17 +198,14 @@ async def extend_leases(
 async def stream_messages(
     subscription_id: SubscriptionId,
     request: Request,
-    database: DatabaseDep,
     deliveries: DeliveryDep,
     principal: PrincipalDep,
     consumer_id: Annotated[ConsumerId, Query(description="Who holds the leases")],
     max_in_flight: Annotated[int, Query(ge=1, le=1000, description="Unacked messages at most")] = 10,
 ) -> StreamingResponse:
     principal.require("subscriptions:consume", subscription_id)
-    # Registered before the stream starts (acks elsewhere then tell it about
-    # room); also answers 404 for an unknown subscription.
-    await database.touch_stream(subscription_id)
-    subscription = await database.get_subscription(subscription_id)
+    # Before the stream starts, so that an unknown subscription is answered 404.
+    subscription = await deliveries.hub.subscription(subscription_id)
     return StreamingResponse(
         deliveries.stream_events(
             request, subscription_id, consumer_id, max_in_flight, subscription.ack_deadline_seconds
