@@ -227,7 +227,9 @@ def _client_watch(receive: Receive | None, woken: asyncio.Event) -> Iterator[asy
 
 async def ack(database: Database, subscription_id: str, ids: Sequence[UUID | str]) -> None:
     if ids:
-        ACKED.labels(subscription_id).inc(await database.ack(subscription_id, ids))
+        # The count first: a series is labelled only once the database has said the subscription exists.
+        acked = await database.ack(subscription_id, ids)
+        ACKED.labels(subscription_id).inc(acked)
         SETTLEMENTS.settled(subscription_id, ids)
 
 

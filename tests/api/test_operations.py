@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import re
+import uuid
 from collections.abc import Iterator
 
 import httpx
@@ -15,7 +16,7 @@ from fastpubsub.api.app import create_app
 from fastpubsub.embedded import free_port
 from fastpubsub.logs import JsonFormatter
 from fastpubsub.settings import Settings
-from tests.api.conftest import ClientFactory
+from tests.api.conftest import ClientFactory, fast_and_routed
 
 
 async def test_probes(api: httpx.AsyncClient) -> None:
@@ -266,3 +267,37 @@ async def test_each_503_logs_one_warning_line_and_a_traceback_only_at_debug(
         assert any("exception" in e and e["level"] == "debug" for e in log_entries(json_log))
     finally:
         root.setLevel(level)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", "/subscriptions/{name}/acks", ["0190b5a0-0000-7000-8000-000000000001"]),
+        ("POST", "/subscriptions/{name}/nacks", ["0190b5a0-0000-7000-8000-000000000001"]),
+        (
+            "POST",
+            "/subscriptions/{name}/leases",
+            {"ids": ["0190b5a0-0000-7000-8000-000000000001"], "seconds": 5},
+        ),
+        ("GET", "/subscriptions/{name}/messages?consumer_id=w", None),
+        ("GET", "/subscriptions/{name}/messages?consumer_id=w&wait_seconds=0.1", None),
+        ("GET", "/subscriptions/{name}/stream?consumer_id=w", None),
+        ("POST", "/topics/{name}/messages", [{"a": 1}]),
+        ("POST", "/topics/{name}/publish", {"messages": [{"payload": {"a": 1}}]}),
+    ],
+)
+async def test_metric_labels_only_name_objects_that_exist(
+    make_api: ClientFactory, method: str, path: str, body: object
+) -> None:
+    fast, routed = await fast_and_routed(make_api)
+    name = f"nosuch-{uuid.uuid4().hex}"
+    for api in (fast, routed):
+        response = await api.request(method, path.format(name=name), json=body)
+        assert response.status_code == 404, response.text
+    assert name not in (await fast.get("/metrics")).text
+
+
+async def test_methods_no_route_has_add_no_metric_series(api: httpx.AsyncClient) -> None:
+    method = f"X{uuid.uuid4().hex[:8].upper()}"
+    assert (await api.request(method, "/topics")).status_code == 405
+    assert method not in (await api.get("/metrics")).text
