@@ -159,12 +159,17 @@ def decode_token(settings: Settings, token: str) -> TokenClaims:
             issuer=_ISSUER,
             options={"require": ["exp", "iat", "sub", "ver", "scope"]},
         )
-        return TokenClaims(
-            client_id=UUID(str(claims["sub"])),
-            scopes=frozenset(str(claims["scope"]).split()),
-            token_version=int(claims["ver"]),
-        )
     except jwt.ExpiredSignatureError as exc:
         raise AuthenticationError("the access token has expired") from exc
     except (jwt.InvalidTokenError, ValueError, TypeError) as exc:
         raise AuthenticationError("the access token is not valid") from exc
+    # Only this module signs tokens, so a claim of another type than it writes
+    # (a version of 1.0, "1", true or Infinity) is never ours to accept.
+    subject, scope, version = claims["sub"], claims["scope"], claims["ver"]
+    if not (isinstance(subject, str) and isinstance(scope, str) and type(version) is int):
+        raise AuthenticationError("the access token is not valid")
+    try:
+        client_id = UUID(subject)
+    except ValueError as exc:
+        raise AuthenticationError("the access token is not valid") from exc
+    return TokenClaims(client_id=client_id, scopes=frozenset(scope.split()), token_version=version)
