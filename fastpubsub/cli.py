@@ -293,7 +293,22 @@ def server(
     from fastpubsub.logs import configure_logging
 
     configure_logging(settings.log_level, settings.log_format)
+    _warn_unless_migrated(settings.database_url or "")
     serve(settings, host or settings.api_host, port or settings.api_port, workers or settings.api_num_workers)
+
+
+def _warn_unless_migrated(url: str) -> None:
+    """Say at start what /readiness will say: the server starts anyway, kept out of rotation by readiness."""
+    import logging
+
+    from fastpubsub import migrate
+
+    try:
+        problem = migrate.schema_expectation().problem(migrate.current_revision(url, connect_timeout=5))
+    except Exception as exc:  # unreachable or refused: readiness reports that as it goes
+        problem = describe_error(exc)[0]
+    if problem is not None:
+        logging.getLogger("fastpubsub.cli").warning("%s; /readiness answers 503 until then", problem)
 
 
 @app.command()

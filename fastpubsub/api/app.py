@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_fastapi_instrumentator import Instrumentator
 from prometheus_fastapi_instrumentator import metrics as prometheus_metrics
 
-from fastpubsub import __version__
+from fastpubsub import __version__, migrate
 from fastpubsub.api import docs, errors
 from fastpubsub.api.deps import ClientStateCache
 from fastpubsub.api.fastpath import FastPath
@@ -92,6 +92,7 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
     app.state.database = db
     app.state.listener = listener
     app.state.client_cache = ClientStateCache(ttl=settings.auth_client_cache_seconds)
+    app.state.schema_expectation = migrate.schema_expectation()
     # HTTP metrics go to a registry of this application's own, so that several
     # applications in one process (the tests) each count their requests.
     http_registry = CollectorRegistry(auto_describe=True)

@@ -10,13 +10,16 @@ import uuid
 from collections.abc import Iterator
 
 import httpx
+import psycopg
 import pytest
 
+from fastpubsub import migrate
 from fastpubsub.api.app import create_app
 from fastpubsub.embedded import free_port
 from fastpubsub.logs import JsonFormatter
 from fastpubsub.settings import Settings
 from tests.api.conftest import ClientFactory, fast_and_routed
+from tests.conftest import PostgresServer
 
 
 async def test_probes(api: httpx.AsyncClient) -> None:
@@ -301,3 +304,42 @@ async def test_methods_no_route_has_add_no_metric_series(api: httpx.AsyncClient)
     method = f"X{uuid.uuid4().hex[:8].upper()}"
     assert (await api.request(method, "/topics")).status_code == 405
     assert method not in (await api.get("/metrics")).text
+
+
+async def test_readiness_is_503_until_the_schema_is_at_the_head_revision(
+    make_api: ClientFactory, database_url: str, pg_server: PostgresServer
+) -> None:
+    api = await make_api()
+    assert (await api.get("/readiness")).status_code == 200
+    head = migrate.head_revision()
+    older = "0004_lease_and_cleanup_fixes"
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("UPDATE fastpubsub.alembic_version SET version_num = %s", (older,))
+        response = await api.get("/readiness")
+        assert response.status_code == 503
+        expected = (
+            f"the database is at revision {older}, this server needs {head}: run `fastpubsub db-migrate`"
+        )
+        assert response.json() == {"detail": expected}
+        # A revision this code does not know comes from a newer release (a rolling upgrade): ready.
+        conn.execute("UPDATE fastpubsub.alembic_version SET version_num = '9999_from_the_future'")
+        assert (await api.get("/readiness")).status_code == 200
+
+
+async def test_readiness_is_503_on_a_database_that_was_never_migrated(pg_server: PostgresServer) -> None:
+    name = f"fastpubsub_empty_{uuid.uuid4().hex[:12]}"
+    url = pg_server.create_database(name)
+    try:
+        app = create_app(Settings(_env_file=None, database_url=url))
+        transport = httpx.ASGITransport(app=app)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=transport, base_url="http://api") as client,
+        ):
+            response = await client.get("/readiness")
+            assert response.status_code == 503
+            assert "has no fastpubsub schema" in response.json()["detail"]
+            assert "run `fastpubsub db-migrate`" in response.json()["detail"]
+            assert (await client.get("/liveness")).status_code == 200
+    finally:
+        pg_server.drop_database(name)
