@@ -18,6 +18,7 @@ from fastpubsub import __version__, migrate
 from fastpubsub.api import docs, errors
 from fastpubsub.api.deps import ClientStateCache
 from fastpubsub.api.fastpath import FastPath
+from fastpubsub.api.gate import Gate
 from fastpubsub.api.metrics import MetricsExporter, use_remembering_instrumentator
 from fastpubsub.api.middleware import BodyLimit, RequestContext
 from fastpubsub.api.routers import clients, health, messages, oauth, subscriptions, topics
@@ -130,6 +131,8 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
     # 1,710; consume 1,170 / 1,050 / 930. Innermost: the middleware below sees
     # its requests too.
     app.add_middleware(FastPath)
+    # Outside the fast path and the router: nothing reads a body before this has passed.
+    app.add_middleware(Gate)
     instrumentator = Instrumentator(
         excluded_handlers=["/metrics"], should_group_status_codes=False, registry=http_registry
     )

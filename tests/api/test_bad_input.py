@@ -7,12 +7,14 @@ JSON, be stored and returned exactly as sent.
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
 
 from tests.api.conftest import ClientFactory, fast_and_routed
 
+Bearer = Callable[[str], Awaitable[dict[str, str]]]
 JSON_TYPE = {"content-type": "application/json"}
 BIG = 18446744073709551616  # 2**64: beyond what orjson handles
 SMALL = -9223372036854775809  # -2**63 - 1
@@ -46,10 +48,17 @@ async def test_a_nul_in_consumer_id_is_422(
         refused(await api.get(path, params=params))
 
 
-async def test_a_nul_in_a_client_name_is_422(api: httpx.AsyncClient) -> None:
-    refused(await api.post("/clients", json={"name": "a\x00b", "scopes": "topics:read"}))
-    created = (await api.post("/clients", json={"name": "ok", "scopes": "topics:read"})).json()
-    refused(await api.put(f"/clients/{created['id']}", json={"name": "\x00", "scopes": "topics:read"}))
+async def test_a_nul_in_a_client_name_is_422(secured: httpx.AsyncClient, bearer: Bearer) -> None:
+    headers = await bearer("*")
+    refused(await secured.post("/clients", json={"name": "a\x00b", "scopes": "topics:read"}, headers=headers))
+    created = (
+        await secured.post("/clients", json={"name": "ok", "scopes": "topics:read"}, headers=headers)
+    ).json()
+    refused(
+        await secured.put(
+            f"/clients/{created['id']}", json={"name": "\x00", "scopes": "topics:read"}, headers=headers
+        )
+    )
 
 
 async def test_a_raw_nul_in_a_published_body_is_422(make_api: ClientFactory) -> None:
