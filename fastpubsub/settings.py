@@ -94,6 +94,15 @@ class Settings(BaseSettings):
     auth_client_cache_seconds: float = Field(
         default=2.0, ge=0, le=5, description="How long a client's active/version check is cached"
     )
+    auth_max_failed_attempts: int = Field(
+        default=10,
+        ge=1,
+        description="Failed token requests allowed per client id and per address within the window "
+        "(per server process); then 429",
+    )
+    auth_failed_attempts_window_seconds: int = Field(
+        default=60, ge=1, le=86400, description="The window of FASTPUBSUB_AUTH_MAX_FAILED_ATTEMPTS"
+    )
 
     # Cleanup jobs
     cleanup_acked_messages_older_than_seconds: int = Field(

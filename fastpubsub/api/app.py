@@ -22,6 +22,7 @@ from fastpubsub.api.gate import Gate
 from fastpubsub.api.metrics import MetricsExporter, use_remembering_instrumentator
 from fastpubsub.api.middleware import BodyLimit, RequestContext
 from fastpubsub.api.routers import clients, health, messages, oauth, subscriptions, topics
+from fastpubsub.api.throttle import FailedAttempts
 from fastpubsub.db import Database, NotificationListener
 from fastpubsub.exceptions import ConfigurationError
 from fastpubsub.logs import configure_logging
@@ -94,6 +95,9 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
     app.state.listener = listener
     app.state.client_cache = ClientStateCache(ttl=settings.auth_client_cache_seconds)
     app.state.schema_expectation = migrate.schema_expectation()
+    app.state.token_failures = FailedAttempts(
+        settings.auth_max_failed_attempts, settings.auth_failed_attempts_window_seconds
+    )
     # HTTP metrics go to a registry of this application's own, so that several
     # applications in one process (the tests) each count their requests.
     http_registry = CollectorRegistry(auto_describe=True)

@@ -23,11 +23,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from fastpubsub.api import errors
 from fastpubsub.api.deps import PRINCIPAL_STATE, authenticate
 from fastpubsub.api.docs import ASSETS, OAUTH2_REDIRECT
-from fastpubsub.api.middleware import send_json_error
+from fastpubsub.api.middleware import TOKEN_PATH, send_json_error
 from fastpubsub.exceptions import FastPubSubError
 from fastpubsub.settings import Settings
 
-TOKEN_PATH = "/oauth/token"  # noqa: S105 - a path, not a secret
 PUBLIC_PATHS = frozenset(
     {"/liveness", "/readiness", TOKEN_PATH, "/openapi.json", "/docs", OAUTH2_REDIRECT, "/redoc"}
 )

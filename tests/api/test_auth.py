@@ -448,8 +448,8 @@ async def test_client_scopes_are_limited_in_count_and_length(
     secured: httpx.AsyncClient, bearer: Bearer
 ) -> None:
     admin = await bearer("*")
-    many = " ".join(f"topics:publish:t{i}" for i in range(40_000))
-    for scopes in (many, "topics:read " * 5000):
+    many = " ".join(f"topics:publish:t{i}" for i in range(200))  # within the length, too many
+    for scopes in (many, "topics:read " * 500):
         response = await secured.post("/clients", json={"name": "x", "scopes": scopes}, headers=admin)
         assert response.status_code == 422
         assert "detail" in response.json()

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 import pytest
 
-from tests.api.conftest import ClientFactory, fast_and_routed
+from fastpubsub.api.middleware import CONTROL_BODY_BYTES, TOKEN_BODY_BYTES
+from fastpubsub.api.throttle import FailedAttempts
+from tests.api.conftest import ClientFactory, create_client_record, fast_and_routed
 
 Bearer = Callable[[str], Awaitable[dict[str, str]]]
 JSON_TYPE = {"content-type": "application/json"}
+FORM = {"content-type": "application/x-www-form-urlencoded"}
 ID = "0190b5a0-0000-7000-8000-000000000001"
 BODY_ROUTES = [
     ("POST", "/topics"),
@@ -94,3 +98,80 @@ async def test_with_auth_off_no_client_can_be_made_or_changed_over_http(api: htt
     assert (await api.put(f"/clients/{ID}", json={"name": "x", "scopes": "*"})).status_code == 403
     assert (await api.post(f"/clients/{ID}/secret", headers=JSON_TYPE)).status_code == 403
     assert (await api.get("/clients")).json() == {"data": []}
+
+
+# -- the token endpoint -----------------------------------------------------------------------
+async def test_an_oversized_token_request_is_413_before_it_is_parsed(secured: httpx.AsyncClient) -> None:
+    form = b"&".join(b"f%06d=v" % i for i in range(1_000_000))  # a million fields, about 10 MB
+
+    async def chunked() -> AsyncIterator[bytes]:  # no Content-Length: refused as it streams in
+        yield form[:4096]
+        yield form[4096:]
+
+    for content in (form, chunked()):
+        response = await secured.post("/oauth/token", content=content, headers=FORM)
+        assert response.status_code == 413, response.text
+        assert response.json()["detail"] == f"request body is larger than {TOKEN_BODY_BYTES} bytes"
+
+
+async def test_other_bodies_but_publishes_are_held_to_64_kib(api: httpx.AsyncClient) -> None:
+    await api.post("/topics", json={"id": "t"})
+    await api.post("/subscriptions", json={"id": "s", "topic_id": "t"})
+    big = {"id": "s2", "topic_id": "t", "filter": {"k": ["x" * 100] * 700}}
+    response = await api.post("/subscriptions", json=big)
+    assert response.status_code == 413, response.text
+    assert response.json()["detail"] == f"request body is larger than {CONTROL_BODY_BYTES} bytes"
+    # a publish may be as large as FASTPUBSUB_MAX_REQUEST_BYTES
+    assert (await api.post("/topics/t/messages", json=[{"k": "x" * 100}] * 700)).status_code == 204
+
+
+async def test_failed_token_requests_are_limited_per_client_and_per_address(
+    make_api: ClientFactory, database_url: str
+) -> None:
+    api = await make_api(
+        auth_enabled=True, auth_max_failed_attempts=3, auth_failed_attempts_window_seconds=60
+    )
+    client_id, secret = await create_client_record(database_url, "*")
+    other_id, other_secret = await create_client_record(database_url, "*")
+
+    async def attempt(
+        cid: str, password: str, address: str = "127.0.0.1", form: bool = False
+    ) -> httpx.Response:
+        api._transport.client = (address, 5000)  # type: ignore[attr-defined]  # the connecting address
+        if form:
+            data = {"grant_type": "client_credentials", "client_id": cid, "client_secret": password}
+            return await api.post("/oauth/token", data=data)
+        return await api.post("/oauth/token", json={"client_id": cid, "client_secret": password})
+
+    for n in range(3):
+        assert (await attempt(client_id, "wrong", address=f"10.0.0.{n}")).status_code == 401
+    refused = await attempt(client_id, secret, address="10.0.0.9")  # the right secret, from anywhere
+    assert refused.status_code == 429
+    assert 0 < int(refused.headers["retry-after"]) <= 60
+    assert "too many failed attempts" in refused.json()["detail"]
+    assert (await attempt(client_id, secret, address="10.0.0.9", form=True)).status_code == 429
+    assert (await attempt(other_id, other_secret, address="10.0.0.9")).status_code == 201  # others are not
+    for _ in range(3):
+        assert (await attempt(str(uuid.uuid4()), "guess", address="10.0.0.50")).status_code == 401
+    assert (await attempt(other_id, other_secret, address="10.0.0.50")).status_code == 429  # that address
+
+
+def test_failed_attempts_are_forgotten_after_the_window() -> None:
+    now = [1000.0]
+    failures = FailedAttempts(limit=2, window=10, max_keys=3, clock=lambda: now[0])
+    failures.failed("a")
+    now[0] += 4
+    failures.failed("a")
+    assert failures.retry_after("a") == 6
+    assert failures.retry_after("b") == 0
+    now[0] += 6
+    assert failures.retry_after("a") == 0  # the first failure has gone: one left, under the limit
+    failures.failed("a")
+    assert failures.retry_after("a") == 4  # until the second one goes
+    failures.forget("a")
+    assert failures.retry_after("a") == 0
+    for key in "bcde":  # no more than max_keys are kept
+        failures.failed(key)
+        failures.failed(key)
+    assert failures.retry_after("b") == 0
+    assert failures.retry_after("e") > 0
