@@ -23,9 +23,10 @@ from fastpubsub.settings import Settings
 ADMIN_SCOPE = "*"
 # Every scope the API knows, by resource; object-specific forms append ":<id>".
 SCOPES = {
-    "topics": ("create", "read", "delete", "publish"),
-    "subscriptions": ("create", "read", "delete", "consume"),
+    "topics": ("create", "read", "delete", "publish", "subscribe"),
+    "subscriptions": ("create", "read", "update", "delete", "consume"),
     "clients": ("create", "update", "read", "delete"),
+    "metrics": ("read",),
 }
 SCOPE_DESCRIPTIONS = {
     "*": "Everything (admin)",
@@ -34,6 +35,8 @@ SCOPE_DESCRIPTIONS = {
         for resource, actions in SCOPES.items()
         for action in actions
     },
+    "topics:subscribe": "Create subscriptions on topics (with subscriptions:create)",
+    "metrics:read": "Read /metrics",
 }
 # Limits on one client's scopes (they are all carried by each of its tokens).
 MAX_SCOPES = 128

@@ -175,3 +175,66 @@ def test_failed_attempts_are_forgotten_after_the_window() -> None:
         failures.failed(key)
     assert failures.retry_after("b") == 0
     assert failures.retry_after("e") > 0
+
+
+# -- scopes -----------------------------------------------------------------------------------
+async def test_creating_a_subscription_needs_a_scope_on_its_topic(
+    secured: httpx.AsyncClient, bearer: Bearer
+) -> None:
+    admin = await bearer("*")
+    await secured.post("/topics", json={"id": "orders"}, headers=admin)
+    own = await bearer("subscriptions:create:sub-a subscriptions:consume:sub-a")
+    answers = []
+    for topic in ("orders", "no-such-topic"):
+        response = await secured.post("/subscriptions", json={"id": "sub-a", "topic_id": topic}, headers=own)
+        answers.append((response.status_code, response.json()))
+    # The same answer whether the topic exists or not: nothing is learnt.
+    assert answers == [
+        (403, {"detail": f'this requires the scope "topics:subscribe" on {topic}'})
+        for topic in ("orders", "no-such-topic")
+    ]
+    assert (await secured.get("/subscriptions/sub-a", headers=admin)).status_code == 404
+    allowed = await bearer("subscriptions:create:sub-a topics:subscribe:orders")
+    created = await secured.post(
+        "/subscriptions", json={"id": "sub-a", "topic_id": "orders"}, headers=allowed
+    )
+    assert created.status_code == 201, created.text
+    other = await secured.post("/subscriptions", json={"id": "sub-b", "topic_id": "orders"}, headers=allowed)
+    assert other.status_code == 403  # the subscription id is checked too
+    everywhere = await bearer("subscriptions:create topics:subscribe")
+    assert (
+        await secured.post("/subscriptions", json={"id": "sub-c", "topic_id": "orders"}, headers=everywhere)
+    ).status_code == 201
+
+
+async def test_changing_a_subscription_needs_its_own_scope(
+    secured: httpx.AsyncClient, bearer: Bearer
+) -> None:
+    admin = await bearer("*")
+    await secured.post("/topics", json={"id": "t"}, headers=admin)
+    await secured.post(
+        "/subscriptions", json={"id": "s", "topic_id": "t", "filter": {"a": [1]}}, headers=admin
+    )
+    change = {"filter": {"a": [2]}}
+    for scopes in ("subscriptions:create", "subscriptions:create:s", "subscriptions:update:other"):
+        response = await secured.patch("/subscriptions/s", json=change, headers=await bearer(scopes))
+        assert response.status_code == 403, scopes
+        assert response.json() == {"detail": 'this requires the scope "subscriptions:update" on s'}
+    assert (await secured.get("/subscriptions/s", headers=admin)).json()["filter"] == {"a": [1]}
+    for scopes in ("subscriptions:update:s", "subscriptions:update", "*"):
+        response = await secured.patch("/subscriptions/s", json=change, headers=await bearer(scopes))
+        assert response.status_code == 200, scopes
+
+
+async def test_metrics_need_a_scope_when_auth_is_on(
+    secured: httpx.AsyncClient, api: httpx.AsyncClient, bearer: Bearer
+) -> None:
+    assert (await api.get("/metrics")).status_code == 200  # auth off: open, like everything else
+    assert (await secured.get("/metrics")).status_code == 401
+    refused = await secured.get("/metrics", headers=await bearer("topics:read subscriptions:read"))
+    assert refused.status_code == 403
+    assert refused.json() == {"detail": 'this requires the scope "metrics:read"'}
+    for scopes in ("metrics:read", "*"):
+        response = await secured.get("/metrics", headers=await bearer(scopes))
+        assert response.status_code == 200
+        assert "fastpubsub_backlog_up" in response.text

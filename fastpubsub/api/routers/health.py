@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from fastpubsub.api.deps import DatabaseDep
-from fastpubsub.api.errors import error_response
+from fastpubsub.api.deps import DatabaseDep, PrincipalDep
+from fastpubsub.api.errors import error_response, error_responses
 from fastpubsub.api.schemas import ErrorBody, Status
 from fastpubsub.exceptions import DatabaseUnavailableError, NotMigratedError
 from fastpubsub.migrate import SchemaExpectation
@@ -45,9 +45,17 @@ async def readiness(request: Request, database: DatabaseDep) -> Status:
 @router.get(
     "/metrics",
     summary="Prometheus metrics: HTTP, broker counters and subscription backlogs",
+    description="With auth on, needs the `metrics:read` scope (give Prometheus a client of its own).",
     response_class=Response,
-    responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}},
+    responses={
+        200: {
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+            "description": "Prometheus text format",
+        },
+        **error_responses(401, 403),
+    },
 )
-async def metrics(request: Request) -> Response:
+async def metrics(request: Request, principal: PrincipalDep) -> Response:
+    principal.require("metrics:read")
     body = await request.app.state.metrics.render()
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
