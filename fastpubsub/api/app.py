@@ -22,6 +22,7 @@ from fastpubsub.api.gate import Gate
 from fastpubsub.api.metrics import MetricsExporter, use_remembering_instrumentator
 from fastpubsub.api.middleware import BodyLimit, RequestContext
 from fastpubsub.api.routers import clients, health, messages, oauth, subscriptions, topics
+from fastpubsub.api.schemas import PublishRequest, TokenRequest
 from fastpubsub.api.throttle import FailedAttempts
 from fastpubsub.db import Database, NotificationListener
 from fastpubsub.exceptions import ConfigurationError
@@ -108,7 +109,9 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            errors.document_body_limit(default_openapi())
+            document = default_openapi()
+            errors.document_body_limit(document)
+            errors.document_models(document, PublishRequest, TokenRequest)
         assert app.openapi_schema is not None
         return app.openapi_schema
 

@@ -13,18 +13,17 @@ import contextlib
 import logging
 import math
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
-from typing import Any
 from uuid import UUID
 
 import orjson
 from starlette.requests import Request
 from starlette.types import Receive
 
-from fastpubsub import jsoncodec
+from fastpubsub.api import jsonbody
 from fastpubsub.api.metrics import ACKED, CONSUMED, DEAD_LETTERED, NACKED, PUBLISHED
 from fastpubsub.api.schemas import MAX_BATCH_SIZE
 from fastpubsub.db import Database, NotificationListener
-from fastpubsub.exceptions import FastPubSubError, InvalidInputError, PayloadTooLargeError
+from fastpubsub.exceptions import FastPubSubError, InvalidInputError
 
 log = logging.getLogger(__name__)
 
@@ -41,27 +40,9 @@ MAX_DUE_FLOOR_SECONDS = 1.0
 # -- publish -------------------------------------------------------------------------
 
 
-def check_message_sizes(body: bytes, max_message_bytes: int) -> None:
-    """Refuse a publish holding any message above the limit (only parsed when it could)."""
-    if len(body) <= max_message_bytes:
-        return
-    try:
-        messages: Any = jsoncodec.loads(body)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise InvalidInputError(f"the body is not valid JSON: {exc}") from exc
-    if isinstance(messages, list):
-        for index, message in enumerate(messages):
-            size = len(jsoncodec.dumps(message))
-            if size > max_message_bytes:
-                raise PayloadTooLargeError(
-                    f"message at index {index} is {size} bytes, above the limit of {max_message_bytes}; "
-                    "nothing was published"
-                )
-
-
 async def publish(database: Database, topic_id: str, body: bytes, max_message_bytes: int) -> list[UUID]:
     """Publish a request body (a JSON array of objects) as it came; returns the message ids."""
-    check_message_sizes(body, max_message_bytes)
+    await jsonbody.check_seed_body(body, max_message_bytes)
     # The body goes to PostgreSQL as it came: the database parses and checks it
     # once (an array of objects, or nothing is stored).
     try:
@@ -74,20 +55,13 @@ async def publish(database: Database, topic_id: str, body: bytes, max_message_by
 
 
 async def publish_envelopes(
-    database: Database, topic_id: str, envelopes: list[dict[str, Any]], max_message_bytes: int
+    database: Database, topic_id: str, body: bytes, max_message_bytes: int
 ) -> list[UUID]:
-    """Publish envelopes (validated by the caller); each message's payload and attributes count."""
-    for index, envelope in enumerate(envelopes):
-        attributes = envelope.get("attributes")
-        size = len(jsoncodec.dumps(envelope["payload"])) + (
-            len(jsoncodec.dumps(attributes)) if attributes else 0
-        )
-        if size > max_message_bytes:
-            raise PayloadTooLargeError(
-                f"message at index {index} is {size} bytes, above the limit of {max_message_bytes}; "
-                "nothing was published"
-            )
-    ids = await database.publish_envelopes(topic_id, envelopes)
+    """Publish an envelope body ({"messages": [...]}); each message's payload and attributes count."""
+    messages = await jsonbody.parse_envelopes(body)
+    ids = await database.publish_envelopes(
+        topic_id, await jsonbody.envelopes_json(messages, max_message_bytes)
+    )
     PUBLISHED.labels(topic_id).inc(len(ids))
     return ids
 

@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fastpubsub.exceptions import (
@@ -73,6 +74,16 @@ def document_body_limit(openapi: dict[str, Any]) -> None:
                         },
                     },
                 )
+
+
+def document_models(openapi: dict[str, Any], *models: type[BaseModel]) -> None:
+    """Put models that routes read themselves (their bodies are named by $ref) among the components."""
+    schemas = openapi.setdefault("components", {}).setdefault("schemas", {})
+    for model in models:
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        for name, definition in schema.pop("$defs", {}).items():
+            schemas.setdefault(name, definition)
+        schemas.setdefault(model.__name__, schema)
 
 
 def status_for(exc: FastPubSubError) -> int:

@@ -32,6 +32,9 @@ MAX_WAIT_SECONDS = 30
 MAX_CONSUMER_ID_LENGTH = 200
 MAX_IDS = 1000
 
+# How deep a message's payload may nest objects and arrays (the payload object is level 1).
+MAX_JSON_DEPTH = 64
+
 # Attributes of an envelope publish.
 MAX_ATTRIBUTES = 64
 MAX_ATTRIBUTE_KEY_LENGTH = 256

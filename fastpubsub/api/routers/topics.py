@@ -8,7 +8,7 @@ from fastpubsub.api import delivery
 from fastpubsub.api.deps import DatabaseDep, PrincipalDep, SettingsDep
 from fastpubsub.api.errors import error_responses
 from fastpubsub.api.params import Limit, Offset, TopicId
-from fastpubsub.api.schemas import Page, PublishRequest, PublishResponse, TopicCreate, TopicOut
+from fastpubsub.api.schemas import Page, PublishResponse, TopicCreate, TopicOut
 
 router = APIRouter(prefix="/topics", tags=["topics"])
 
@@ -93,16 +93,18 @@ async def publish_messages(
     "before then (counted as `delayed` meanwhile). `priority` 0-9: higher first, publish order within a "
     "priority. `attributes`: strings returned with the message and usable in filters (`$attributes`). "
     "All messages are stored, or none.",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/PublishRequest"}}},
+        }
+    },
     responses=error_responses(401, 403, 404, 413, 422),
 )
 async def publish_with_options(
-    topic_id: TopicId,
-    body: PublishRequest,
-    database: DatabaseDep,
-    principal: PrincipalDep,
-    settings: SettingsDep,
+    topic_id: TopicId, request: Request, database: DatabaseDep, principal: PrincipalDep, settings: SettingsDep
 ) -> PublishResponse:
     principal.require("topics:publish", topic_id)
-    envelopes = [message.model_dump(mode="json", exclude_none=True) for message in body.messages]
-    ids = await delivery.publish_envelopes(database, topic_id, envelopes, settings.max_message_bytes)
+    body = await request.body()
+    ids = await delivery.publish_envelopes(database, topic_id, body, settings.max_message_bytes)
     return PublishResponse(message_ids=ids)
