@@ -38,6 +38,13 @@ SCOPE_DESCRIPTIONS = {
     "topics:subscribe": "Create subscriptions on topics (with subscriptions:create)",
     "metrics:read": "Read /metrics",
 }
+# A space-separated scope list as a regular expression (the OpenAPI document states it).
+_ONE_SCOPE = (
+    r"(?:\*|(?:"
+    + "|".join(f"{resource}:(?:{'|'.join(actions)})" for resource, actions in SCOPES.items())
+    + r")(?::[A-Za-z0-9][A-Za-z0-9._-]{0,127})?)"
+)
+SCOPES_PATTERN = rf"^\s*{_ONE_SCOPE}(?:\s+{_ONE_SCOPE})*\s*$"
 # Limits on one client's scopes (they are all carried by each of its tokens).
 MAX_SCOPES = 128
 MAX_SCOPES_LENGTH = 4096

@@ -119,15 +119,19 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
     # No scope is ticked in advance: a token then carries every scope its client holds.
     docs.install(app, init_oauth={"clientId": "", "usePkceWithAuthorizationCodeGrant": False})
     # Routes are tried in order: the busiest (consume, ack, publish) first.
-    for router in (
+    routers = (
         messages.router,
         topics.router,
         subscriptions.router,
         oauth.router,
         clients.router,
         health.router,
-    ):
+    )
+    for router in routers:
         app.include_router(router)
+    app.state.allowed_methods = errors.AllowedMethods(
+        [*app.routes, *(route for router in routers for route in router.routes)]
+    )
 
     # Requests by handler, method and status, and their latency: the useful
     # part of the defaults, at a fraction of their cost per request.

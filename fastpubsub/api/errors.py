@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute, Route
 
 from fastpubsub.exceptions import (
     AlreadyExistsError,
@@ -126,8 +128,32 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(422, validation_problems(exc.errors()))
 
 
+class AllowedMethods:
+    """Every method some route serves a path with: a 405's Allow header names them all.
+
+    (The router names only the methods of the first route whose path matched.)
+    """
+
+    def __init__(self, routes: Iterable[BaseRoute]) -> None:
+        self._routes = [
+            (route.path_regex, frozenset(route.methods))
+            for route in routes
+            if isinstance(route, Route | APIRoute) and route.methods
+        ]
+
+    def header(self, path: str) -> str:
+        methods: set[str] = set()
+        for regex, route_methods in self._routes:
+            if regex.match(path):
+                methods |= route_methods
+        return ", ".join(sorted(methods))
+
+
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 405:
+        allowed: AllowedMethods = request.app.state.allowed_methods
+        return error_response(405, exc.detail, {"Allow": allowed.header(request.url.path)})
     if exc.status_code == 400 and isinstance(exc.__cause__, ValueError | RecursionError):
         # FastAPI answers 400 when the JSON body is not UTF-8 (UnicodeDecodeError)
         # or nested too deeply to parse: invalid input like any other bad JSON.

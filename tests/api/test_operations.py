@@ -343,3 +343,32 @@ async def test_readiness_is_503_on_a_database_that_was_never_migrated(pg_server:
             assert (await client.get("/liveness")).status_code == 200
     finally:
         pg_server.drop_database(name)
+
+
+async def test_openapi_resolves_every_ref_and_states_the_rules_the_server_enforces(
+    api: httpx.AsyncClient,
+) -> None:
+    spec = (await api.get("/openapi.json")).json()
+    schemas = spec["components"]["schemas"]
+
+    def refs(node: object) -> Iterator[str]:
+        if isinstance(node, dict):
+            if isinstance(node.get("$ref"), str):
+                yield node["$ref"]
+            for value in node.values():
+                yield from refs(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from refs(value)
+
+    found = set(refs(spec))
+    assert {"#/components/schemas/TokenRequest", "#/components/schemas/PublishRequest"} <= found
+    for ref in found:
+        assert ref.startswith("#/components/schemas/"), ref
+        assert ref.removeprefix("#/components/schemas/") in schemas, ref
+    scopes = schemas["ClientCreate"]["properties"]["scopes"]
+    assert re.fullmatch(scopes["pattern"], "topics:publish:orders metrics:read")
+    assert not re.fullmatch(scopes["pattern"], "")
+    assert not re.fullmatch(scopes["pattern"], "topics:fly")
+    filters = schemas["SubscriptionCreate"]["properties"]["filter"]["anyOf"][0]
+    assert filters["propertyNames"] == {"minLength": 1}
