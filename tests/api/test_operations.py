@@ -372,3 +372,21 @@ async def test_openapi_resolves_every_ref_and_states_the_rules_the_server_enforc
     assert not re.fullmatch(scopes["pattern"], "topics:fly")
     filters = schemas["SubscriptionCreate"]["properties"]["filter"]["anyOf"][0]
     assert filters["propertyNames"] == {"minLength": 1}
+
+
+async def test_a_statement_timeout_is_its_own_503(make_api: ClientFactory) -> None:
+    """A publish whose filter evaluation outlasts the statement timeout: not "database unavailable"."""
+    api = await make_api(database_statement_timeout_ms=200)
+    await api.post("/topics", json={"id": "t"})
+    pattern = "#." + ".".join(["a"] * 30) + ".b"  # backs up to the `#` at every word
+    created = await api.post(
+        "/subscriptions", json={"id": "s", "topic_id": "t", "filter": {"e": {"$match": pattern}}}
+    )
+    assert created.status_code == 201, created.text
+    response = await api.post("/topics/t/messages", json=[{"e": ".".join(["a"] * 40_000)}])
+    assert response.status_code == 503, response.text
+    assert response.json() == {
+        "detail": "The database gave up on the statement: it ran longer than "
+        "FASTPUBSUB_DATABASE_STATEMENT_TIMEOUT_MS."
+    }
+    assert (await api.get("/subscriptions/s/metrics")).json()["available"] == 0  # nothing half-stored
