@@ -110,7 +110,7 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             document = default_openapi()
-            errors.document_body_limit(document)
+            errors.document_shared_answers(document)
             errors.document_models(document, PublishRequest, TokenRequest)
         assert app.openapi_schema is not None
         return app.openapi_schema

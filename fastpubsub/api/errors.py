@@ -49,7 +49,7 @@ DESCRIPTIONS = {
     404: "No such object",
     409: "An object with this id already exists",
     413: "A message or the request is larger than the configured limit",
-    415: "Unsupported content type",
+    415: "Not JSON: with auth off, POST, PUT and PATCH must send Content-Type: application/json",
     422: "Invalid input",
     503: "The database is unreachable; retry shortly",
 }
@@ -62,15 +62,20 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": ErrorBody, "description": DESCRIPTIONS[code]} for code in (*codes, 503)}
 
 
-def document_body_limit(openapi: dict[str, Any]) -> None:
-    """Add the 413 answer to every operation that takes a body (any body may exceed the request limit)."""
+def document_shared_answers(openapi: dict[str, Any]) -> None:
+    """Add the answers every operation of a kind can give: 413 with a body, 415 for writes (auth off)."""
     for operations in openapi.get("paths", {}).values():
-        for operation in operations.values():
-            if isinstance(operation, dict) and "requestBody" in operation:
+        for method, operation in operations.items():
+            if not isinstance(operation, dict):
+                continue
+            codes = [413] if "requestBody" in operation else []
+            if method in ("post", "put", "patch"):
+                codes.append(415)
+            for code in codes:
                 operation.setdefault("responses", {}).setdefault(
-                    "413",
+                    str(code),
                     {
-                        "description": DESCRIPTIONS[413],
+                        "description": DESCRIPTIONS[code],
                         "content": {
                             "application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}
                         },
