@@ -49,9 +49,13 @@ class Gate:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
+        if scope["type"] == "http" and not await self._admit(scope, receive, send):
             return
+        await self.app(scope, receive, send)
+
+    @staticmethod
+    async def _admit(scope: Scope, receive: Receive, send: Send) -> bool:
+        """Let the request on (True), or answer it here (False)."""
         settings: Settings = scope["app"].state.settings
         path: str = scope["path"]
         if settings.auth_enabled:
@@ -64,7 +68,7 @@ class Gate:
                     )
                 except FastPubSubError as exc:
                     await (await errors.response_for(request, exc))(scope, receive, send)
-                    return
+                    return False
                 scope.setdefault("state", {})[PRINCIPAL_STATE] = principal
         elif scope["method"] in _WRITES and path != TOKEN_PATH and not is_json(scope):
             await send_json_error(
@@ -73,5 +77,5 @@ class Gate:
                 "with auth off, POST, PUT and PATCH requests must be sent with "
                 "Content-Type: application/json (so that no web page can make a browser send them)",
             )
-            return
-        await self.app(scope, receive, send)
+            return False
+        return True

@@ -11,25 +11,13 @@ import pytest
 from fastpubsub.api.middleware import CONTROL_BODY_BYTES, TOKEN_BODY_BYTES
 from fastpubsub.api.throttle import FailedAttempts
 from tests.api.conftest import ClientFactory, create_client_record, fast_and_routed
+from tests.api.test_bad_input import BODY_ROUTES as ALL_BODY_ROUTES
+from tests.api.test_bad_input import ID
 
 Bearer = Callable[[str], Awaitable[dict[str, str]]]
 JSON_TYPE = {"content-type": "application/json"}
 FORM = {"content-type": "application/x-www-form-urlencoded"}
-ID = "0190b5a0-0000-7000-8000-000000000001"
-BODY_ROUTES = [
-    ("POST", "/topics"),
-    ("POST", "/topics/t/messages"),
-    ("POST", "/topics/t/publish"),
-    ("POST", "/subscriptions"),
-    ("PATCH", "/subscriptions/s"),
-    ("POST", "/subscriptions/s/acks"),
-    ("POST", "/subscriptions/s/nacks"),
-    ("POST", "/subscriptions/s/leases"),
-    ("POST", "/subscriptions/s/seek"),
-    ("POST", "/subscriptions/s/dlq/reprocess"),
-    ("POST", "/clients"),
-    ("PUT", f"/clients/{ID}"),
-]
+BODY_ROUTES = [route for route in ALL_BODY_ROUTES if route[1] != "/oauth/token"]
 
 
 # -- a token before the body ------------------------------------------------------------------

@@ -24,9 +24,8 @@ import psutil
 import psycopg
 import pytest
 
-from fastpubsub import migrate
-from fastpubsub.embedded import EmbeddedPostgres, free_port
-from tests.e2e.conftest import Server, base_env
+from fastpubsub.embedded import EmbeddedPostgres
+from tests.e2e.conftest import Server, own_postgres_in, serve_migrated
 
 pytestmark = pytest.mark.slow
 
@@ -38,12 +37,8 @@ ACK_DEADLINE = 8  # leases outlast any ack by far: a redelivery after a 204 ack 
 @pytest.fixture
 def own_postgres(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
     """A PostgreSQL of this test's own, durable (fsync and synchronous commit on, unlike the suite's)."""
-    pg = EmbeddedPostgres(tmp_path / "pg", port=free_port())
-    pg.start()
-    try:
+    with own_postgres_in(tmp_path / "pg") as pg:
         yield pg
-    finally:
-        pg.destroy()
 
 
 class Load:
@@ -141,11 +136,7 @@ def test_no_acknowledged_message_is_lost_and_none_is_acked_twice(
     run_server: Callable[..., Server],
     fault: Callable[[Server, EmbeddedPostgres], None],
 ) -> None:
-    running = own_postgres.running()
-    assert running is not None
-    url = running.url()
-    migrate.upgrade(url)
-    server = run_server(base_env(url))
+    server, url = serve_migrated(own_postgres, run_server)
     with server.client() as http:
         assert http.post("/topics", json={"id": "t"}).status_code == 201
         created = http.post(
@@ -162,7 +153,7 @@ def test_no_acknowledged_message_is_lost_and_none_is_acked_twice(
     assert len(load.published) > before, load.errors  # publishing went on after the fault
     assert load.published - load.acked == set(), (len(load.published - load.acked), load.errors)
     assert load.after_ack == []
-    with psycopg.connect(running.url(driver=""), autocommit=True) as conn:
+    with psycopg.connect(url, autocommit=True) as conn:
         acked = conn.execute(
             "SELECT count(*), count(DISTINCT message_id) FROM fastpubsub.acked_deliveries"
         ).fetchone()
