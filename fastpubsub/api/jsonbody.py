@@ -45,6 +45,8 @@ _BRACKETS_AND_QUOTES = b'"[]{}'
 _OTHER_BYTES = bytes(sorted(set(range(256)) - set(_BRACKETS_AND_QUOTES)))
 _EMPTY_PAIR = re.compile(rb"\[\]|\{\}")
 _QUICK_LIMIT_BYTES = 1024 * 1024
+# Each pass over the brackets is one C call: past this many, the (pausing) scan decides instead.
+_QUICK_LIMIT_BRACKETS = 16 * 1024
 _ENVELOPE_HEAD = re.compile(rb'\s*\{\s*"messages"\s*:\s*(?=\[)')
 _ENVELOPE_TAIL = re.compile(rb"\}\s*\Z")
 _MESSAGE = TypeAdapter(PublishMessage)
@@ -71,8 +73,8 @@ def depth_within(body: bytes, limit: int) -> bool | None:
         # Backslashes pair up from the left inside a string: `\\` first, then `\"`.
         body = body.replace(b"\\\\", b"").replace(b'\\"', b"")
     brackets = body.translate(None, _OTHER_BYTES).replace(b'""', b"")
-    if b'"' in brackets:
-        return None  # a string holding brackets
+    if b'"' in brackets or len(brackets) > _QUICK_LIMIT_BRACKETS:
+        return None  # a string holding brackets, or too many brackets for passes that never pause
     for _ in range(limit):
         if not brackets:
             return True
