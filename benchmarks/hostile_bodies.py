@@ -103,7 +103,9 @@ def cases(token: str) -> dict[str, tuple[str, str, bytes, dict[str, str]]]:
     }
 
 
-async def one(url: str, method: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, float, float]:
+async def one(
+    url: str, method: str, path: str, body: bytes, headers: dict[str, str]
+) -> tuple[int, float, float]:
     """The hostile request's status and seconds, and the worst /liveness latency meanwhile."""
     worst = 0.0
     done = asyncio.Event()
@@ -139,7 +141,8 @@ async def main(rounds: int) -> None:
             FASTPUBSUB_AUTH_ENABLED="true",
             FASTPUBSUB_AUTH_SECRET_KEY=key,
         )
-        created = subprocess.run(
+        created = await asyncio.to_thread(
+            subprocess.run,
             [str(Path(sys.executable).parent / "fastpubsub"), "create-client", "bench", "*", "true"],
             env=env,
             capture_output=True,
@@ -168,6 +171,8 @@ async def main(rounds: int) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=3)
     asyncio.run(main(parser.parse_args().rounds))
