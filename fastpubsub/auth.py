@@ -23,9 +23,10 @@ from fastpubsub.settings import Settings
 ADMIN_SCOPE = "*"
 # Every scope the API knows, by resource; object-specific forms append ":<id>".
 SCOPES = {
-    "topics": ("create", "read", "delete", "publish"),
-    "subscriptions": ("create", "read", "delete", "consume"),
+    "topics": ("create", "read", "delete", "publish", "subscribe"),
+    "subscriptions": ("create", "read", "update", "delete", "consume"),
     "clients": ("create", "update", "read", "delete"),
+    "metrics": ("read",),
 }
 SCOPE_DESCRIPTIONS = {
     "*": "Everything (admin)",
@@ -34,7 +35,16 @@ SCOPE_DESCRIPTIONS = {
         for resource, actions in SCOPES.items()
         for action in actions
     },
+    "topics:subscribe": "Create subscriptions on topics (with subscriptions:create)",
+    "metrics:read": "Read /metrics",
 }
+# A space-separated scope list as a regular expression (the OpenAPI document states it).
+_ONE_SCOPE = (
+    r"(?:\*|(?:"
+    + "|".join(f"{resource}:(?:{'|'.join(actions)})" for resource, actions in SCOPES.items())
+    + r")(?::[A-Za-z0-9][A-Za-z0-9._-]{0,127})?)"
+)
+SCOPES_PATTERN = rf"^\s*{_ONE_SCOPE}(?:\s+{_ONE_SCOPE})*\s*$"
 # Limits on one client's scopes (they are all carried by each of its tokens).
 MAX_SCOPES = 128
 MAX_SCOPES_LENGTH = 4096
@@ -159,12 +169,17 @@ def decode_token(settings: Settings, token: str) -> TokenClaims:
             issuer=_ISSUER,
             options={"require": ["exp", "iat", "sub", "ver", "scope"]},
         )
-        return TokenClaims(
-            client_id=UUID(str(claims["sub"])),
-            scopes=frozenset(str(claims["scope"]).split()),
-            token_version=int(claims["ver"]),
-        )
     except jwt.ExpiredSignatureError as exc:
         raise AuthenticationError("the access token has expired") from exc
     except (jwt.InvalidTokenError, ValueError, TypeError) as exc:
         raise AuthenticationError("the access token is not valid") from exc
+    # Only this module signs tokens, so a claim of another type than it writes
+    # (a version of 1.0, "1", true or Infinity) is never ours to accept.
+    subject, scope, version = claims["sub"], claims["scope"], claims["ver"]
+    if not (isinstance(subject, str) and isinstance(scope, str) and type(version) is int):
+        raise AuthenticationError("the access token is not valid")
+    try:
+        client_id = UUID(subject)
+    except ValueError as exc:
+        raise AuthenticationError("the access token is not valid") from exc
+    return TokenClaims(client_id=client_id, scopes=frozenset(scope.split()), token_version=version)

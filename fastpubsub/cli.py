@@ -279,11 +279,19 @@ def serve(settings: Settings, host: str, port: int, workers: int) -> None:
         shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
+_INSECURE_NO_AUTH = typer.Option(
+    "--insecure-no-auth",
+    help="Serve with auth off on an address other hosts can reach: anyone who reaches it may do "
+    "anything [FASTPUBSUB_API_INSECURE_NO_AUTH]",
+)
+
+
 @app.command()
 def server(
     host: Annotated[str | None, typer.Option(help="Bind address [FASTPUBSUB_API_HOST]")] = None,
     port: Annotated[int | None, typer.Option(help="Port [FASTPUBSUB_API_PORT]")] = None,
     workers: Annotated[int | None, typer.Option(help="Worker processes [FASTPUBSUB_API_NUM_WORKERS]")] = None,
+    insecure_no_auth: Annotated[bool, _INSECURE_NO_AUTH] = False,
 ) -> None:
     """Serve the HTTP API (gunicorn with uvicorn workers)."""
     settings = _settings()
@@ -293,10 +301,36 @@ def server(
             settings.require_auth_secret()
         except ConfigurationError as exc:
             raise fail(exc.message, EXIT_CODES[ConfigurationError]) from None
+    host = host or settings.api_host
+    _refuse_exposure(settings, host, insecure_no_auth)
     from fastpubsub.logs import configure_logging
 
     configure_logging(settings.log_level, settings.log_format)
-    serve(settings, host or settings.api_host, port or settings.api_port, workers or settings.api_num_workers)
+    _warn_unless_migrated(settings.database_url or "")
+    serve(settings, host, port or settings.api_port, workers or settings.api_num_workers)
+
+
+def _refuse_exposure(settings: Settings, host: str, insecure_no_auth: bool) -> None:
+    """Refuse to serve with auth off where other hosts can reach, unless told it is meant."""
+    if insecure_no_auth:
+        settings = settings.model_copy(update={"api_insecure_no_auth": True})
+    problem = settings.exposure_problem(host)
+    if problem is not None:
+        raise fail(problem, EXIT_CODES[ConfigurationError])
+
+
+def _warn_unless_migrated(url: str) -> None:
+    """Say at start what /readiness will say: the server starts anyway, kept out of rotation by readiness."""
+    import logging
+
+    from fastpubsub import migrate
+
+    try:
+        problem = migrate.schema_expectation().problem(migrate.current_revision(url, connect_timeout=5))
+    except Exception as exc:  # unreachable or refused: readiness reports that as it goes
+        problem = describe_error(exc)[0]
+    if problem is not None:
+        logging.getLogger("fastpubsub.cli").warning("%s; /readiness answers 503 until then", problem)
 
 
 @app.command()
@@ -308,12 +342,14 @@ def dev(
     host: Annotated[str, typer.Option(help="Bind address")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port")] = 8000,
     workers: Annotated[int, typer.Option(help="Worker processes")] = 1,
+    insecure_no_auth: Annotated[bool, _INSECURE_NO_AUTH] = False,
 ) -> None:
     """Run locally: embedded PostgreSQL (unless FASTPUBSUB_DATABASE_URL is set), migrations, the API."""
     from fastpubsub import migrate
     from fastpubsub.embedded import EmbeddedPostgres
 
     settings = _settings()
+    _refuse_exposure(settings, host, insecure_no_auth)
     embedded = None
     url = settings.database_url
     if url:

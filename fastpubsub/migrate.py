@@ -9,6 +9,8 @@ docs/schema.md has the rules.
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +56,10 @@ def downgrade(url: str, revision: str) -> None:
     command.downgrade(alembic_config(url), revision)
 
 
-def current_revision(url: str) -> str | None:
+def current_revision(url: str, connect_timeout: int | None = None) -> str | None:
     """The revision the database is at, or None before the first migration."""
-    engine = create_engine(sync_url(url), poolclass=NullPool)
+    connect_args = {} if connect_timeout is None else {"connect_timeout": connect_timeout}
+    engine = create_engine(sync_url(url), poolclass=NullPool, connect_args=connect_args)
     try:
         with engine.connect() as conn:
             context = MigrationContext.configure(
@@ -75,6 +78,33 @@ def head_revision() -> str:
     head = script_directory().get_current_head()
     assert head is not None
     return head
+
+
+@dataclass(frozen=True)
+class SchemaExpectation:
+    """The revision this code needs, and every earlier one it knows of."""
+
+    head: str
+    older: frozenset[str]
+
+    def problem(self, current: str | None) -> str | None:
+        """Why a database at `current` cannot serve this code (None: it can).
+
+        A revision this code does not know was made by a newer release: its
+        compatibility wrappers keep this code working during a rolling upgrade.
+        """
+        if current == self.head or (current is not None and current not in self.older):
+            return None
+        at = f"is at revision {current}" if current else "has no fastpubsub schema"
+        return f"the database {at}, this server needs {self.head}: run `fastpubsub db-migrate`"
+
+
+@functools.lru_cache(maxsize=1)
+def schema_expectation() -> SchemaExpectation:
+    """What this code expects of the database's schema (read once from the migrations folder)."""
+    head = head_revision()
+    older = frozenset(rev.revision for rev in script_directory().walk_revisions() if rev.revision != head)
+    return SchemaExpectation(head, older)
 
 
 def install_functions_at_head(connection: Any, context: MigrationContext) -> None:

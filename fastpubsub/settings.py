@@ -6,6 +6,7 @@ configuration table (a test keeps the three in agreement).
 
 from __future__ import annotations
 
+import ipaddress
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -71,7 +72,12 @@ class Settings(BaseSettings):
 
     # API server
     api_debug: bool = Field(default=False, description="Debug mode (never in production)")
-    api_host: str = Field(default="0.0.0.0", description="Address the server binds")
+    api_host: str = Field(default="127.0.0.1", description="Address the server binds")
+    api_insecure_no_auth: bool = Field(
+        default=False,
+        description="Serve with auth off on an address other hosts can reach (insecure: anyone who "
+        "reaches it may do anything)",
+    )
     api_port: int = Field(default=8000, ge=1, le=65535, description="Port the server binds")
     api_num_workers: int = Field(default=2, ge=1, le=64, description="Gunicorn worker processes")
     api_cors_origins: str = Field(default="", description="Comma-separated origins allowed by CORS")
@@ -118,6 +124,15 @@ class Settings(BaseSettings):
     auth_access_token_expire_minutes: int = Field(default=30, ge=1, le=1440, description="Token lifetime")
     auth_client_cache_seconds: float = Field(
         default=2.0, ge=0, le=5, description="How long a client's active/version check is cached"
+    )
+    auth_max_failed_attempts: int = Field(
+        default=10,
+        ge=1,
+        description="Failed token requests allowed per client id and per address within the window "
+        "(per server process); then 429",
+    )
+    auth_failed_attempts_window_seconds: int = Field(
+        default=60, ge=1, le=86400, description="The window of FASTPUBSUB_AUTH_MAX_FAILED_ATTEMPTS"
     )
 
     # Cleanup jobs
@@ -173,9 +188,31 @@ class Settings(BaseSettings):
             )
         return key
 
+    def exposure_problem(self, host: str) -> str | None:
+        """Why serving on `host` is refused (None: it is not): auth off, reachable by others, not accepted."""
+        if self.auth_enabled or is_loopback(host) or self.api_insecure_no_auth:
+            return None
+        return (
+            f"auth is off and {host} is not a loopback address: anyone who reaches it could read, "
+            "publish and delete everything. Turn auth on (FASTPUBSUB_AUTH_ENABLED=true and "
+            "FASTPUBSUB_AUTH_SECRET_KEY), bind 127.0.0.1, or accept the risk with "
+            "FASTPUBSUB_API_INSECURE_NO_AUTH=true (--insecure-no-auth)"
+        )
+
     @property
     def cors_origins(self) -> list[str]:
         return [origin.strip() for origin in self.api_cors_origins.split(",") if origin.strip()]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is reachable from this machine only: 127.0.0.0/8, ::1 or localhost (never resolved)."""
+    name = host.strip().removeprefix("[").removesuffix("]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 @lru_cache(maxsize=1)

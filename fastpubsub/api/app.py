@@ -14,14 +14,17 @@ from prometheus_client import CollectorRegistry
 from prometheus_fastapi_instrumentator import Instrumentator
 from prometheus_fastapi_instrumentator import metrics as prometheus_metrics
 
-from fastpubsub import __version__
+from fastpubsub import __version__, migrate
 from fastpubsub.api import docs, errors
 from fastpubsub.api.delivery import Delivery
 from fastpubsub.api.deps import ClientStateCache
 from fastpubsub.api.fastpath import FastPath
+from fastpubsub.api.gate import Gate
 from fastpubsub.api.metrics import MetricsExporter, use_remembering_instrumentator
 from fastpubsub.api.middleware import BodyLimit, RequestContext
 from fastpubsub.api.routers import clients, health, messages, oauth, subscriptions, topics
+from fastpubsub.api.schemas import PublishRequest, TokenRequest
+from fastpubsub.api.throttle import FailedAttempts
 from fastpubsub.api.wakeups import RUNNING_HUBS, WakeHub
 from fastpubsub.db import Database
 from fastpubsub.exceptions import ConfigurationError
@@ -108,6 +111,10 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
     app.state.hub = hub
     app.state.delivery = delivery
     app.state.client_cache = ClientStateCache(ttl=settings.auth_client_cache_seconds)
+    app.state.schema_expectation = migrate.schema_expectation()
+    app.state.token_failures = FailedAttempts(
+        settings.auth_max_failed_attempts, settings.auth_failed_attempts_window_seconds
+    )
     # HTTP metrics go to a registry of this application's own, so that several
     # applications in one process (the tests) each count their requests.
     http_registry = CollectorRegistry(auto_describe=True)
@@ -118,7 +125,9 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            errors.document_body_limit(default_openapi())
+            document = default_openapi()
+            errors.document_shared_answers(document)
+            errors.document_models(document, PublishRequest, TokenRequest)
         assert app.openapi_schema is not None
         return app.openapi_schema
 
@@ -126,15 +135,19 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
     # No scope is ticked in advance: a token then carries every scope its client holds.
     docs.install(app, init_oauth={"clientId": "", "usePkceWithAuthorizationCodeGrant": False})
     # Routes are tried in order: the busiest (consume, ack, publish) first.
-    for router in (
+    routers = (
         messages.router,
         topics.router,
         subscriptions.router,
         oauth.router,
         clients.router,
         health.router,
-    ):
+    )
+    for router in routers:
         app.include_router(router)
+    app.state.allowed_methods = errors.AllowedMethods(
+        [*app.routes, *(route for router in routers for route in router.routes)]
+    )
 
     # Requests by handler, method and status, and their latency: the useful
     # part of the defaults, at a fraction of their cost per request.
@@ -145,6 +158,8 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
     # 1,710; consume 1,170 / 1,050 / 930. Innermost: the middleware below sees
     # its requests too.
     app.add_middleware(FastPath)
+    # Outside the fast path and the router: nothing reads a body before this has passed.
+    app.add_middleware(Gate)
     instrumentator = Instrumentator(
         excluded_handlers=["/metrics"], should_group_status_codes=False, registry=http_registry
     )

@@ -27,7 +27,7 @@ import orjson
 from starlette.requests import Request
 from starlette.types import Receive
 
-from fastpubsub import jsoncodec
+from fastpubsub.api import jsonbody
 from fastpubsub.api.batching import GroupCommit
 from fastpubsub.api.metrics import ACKED, CONSUMED, DEAD_LETTERED, NACKED, PUBLISHED
 from fastpubsub.api.schemas import MAX_BATCH_SIZE
@@ -37,7 +37,6 @@ from fastpubsub.exceptions import (
     DatabaseUnavailableError,
     FastPubSubError,
     InvalidInputError,
-    PayloadTooLargeError,
     StatementTimeoutError,
 )
 
@@ -56,24 +55,6 @@ FULL_RECHECK_SECONDS = 30.0
 # (doubling up to the maximum), and gives up after the outage limit.
 OUTAGE_RETRY_SECONDS = 0.25
 MAX_OUTAGE_RETRY_SECONDS = 2.0
-
-
-def check_message_sizes(body: bytes, max_message_bytes: int) -> None:
-    """Refuse a publish holding any message above the limit (only parsed when it could)."""
-    if len(body) <= max_message_bytes:
-        return
-    try:
-        messages: Any = jsoncodec.loads(body)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise InvalidInputError(f"the body is not valid JSON: {exc}") from exc
-    if isinstance(messages, list):
-        for index, message in enumerate(messages):
-            size = len(jsoncodec.dumps(message))
-            if size > max_message_bytes:
-                raise PayloadTooLargeError(
-                    f"message at index {index} is {size} bytes, above the limit of {max_message_bytes}; "
-                    "nothing was published"
-                )
 
 
 def receipt_message_id(receipt: str) -> UUID | None:
@@ -116,7 +97,7 @@ class Delivery:
 
     async def publish(self, topic_id: str, body: bytes) -> list[UUID]:
         """Publish a request body (a JSON array of objects) as it came; returns the message ids."""
-        check_message_sizes(body, self.max_message_bytes)
+        await jsonbody.check_seed_body(body, self.max_message_bytes)
         # The body goes to PostgreSQL as it came: the database parses and checks it
         # once (an array of objects, or nothing is stored).
         try:
@@ -125,19 +106,11 @@ class Delivery:
             raise InvalidInputError("the body must be UTF-8 encoded JSON") from exc
         return await self._publish(topic_id, text, envelopes=False)
 
-    async def publish_envelopes(self, topic_id: str, envelopes: list[dict[str, Any]]) -> list[UUID]:
-        """Publish envelopes (validated by the caller); each message's payload and attributes count."""
-        for index, envelope in enumerate(envelopes):
-            attributes = envelope.get("attributes")
-            size = len(jsoncodec.dumps(envelope["payload"])) + (
-                len(jsoncodec.dumps(attributes)) if attributes else 0
-            )
-            if size > self.max_message_bytes:
-                raise PayloadTooLargeError(
-                    f"message at index {index} is {size} bytes, above the limit of {self.max_message_bytes}; "
-                    "nothing was published"
-                )
-        return await self._publish(topic_id, jsoncodec.dumps_text(envelopes), envelopes=True)
+    async def publish_envelopes(self, topic_id: str, body: bytes) -> list[UUID]:
+        """Publish an envelope body ({"messages": [...]}); each message's payload and attributes count."""
+        messages = await jsonbody.parse_envelopes(body)
+        text = await jsonbody.envelopes_json(messages, self.max_message_bytes)
+        return await self._publish(topic_id, text, envelopes=True)
 
     async def _publish(self, topic_id: str, text: str, *, envelopes: bool) -> list[UUID]:
         ids, woken, counts = await self.publishes.submit((topic_id, text, envelopes))

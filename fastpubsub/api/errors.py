@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute, Route
 
 from fastpubsub.exceptions import (
     AlreadyExistsError,
@@ -46,7 +49,7 @@ DESCRIPTIONS = {
     404: "No such object",
     409: "An object with this id already exists",
     413: "A message or the request is larger than the configured limit",
-    415: "Unsupported content type",
+    415: "Not JSON: with auth off, POST, PUT and PATCH must send Content-Type: application/json",
     422: "Invalid input",
     503: "The database is unreachable; retry shortly",
 }
@@ -59,20 +62,35 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": ErrorBody, "description": DESCRIPTIONS[code]} for code in (*codes, 503)}
 
 
-def document_body_limit(openapi: dict[str, Any]) -> None:
-    """Add the 413 answer to every operation that takes a body (any body may exceed the request limit)."""
+def document_shared_answers(openapi: dict[str, Any]) -> None:
+    """Add the answers every operation of a kind can give: 413 with a body, 415 for writes (auth off)."""
     for operations in openapi.get("paths", {}).values():
-        for operation in operations.values():
-            if isinstance(operation, dict) and "requestBody" in operation:
+        for method, operation in operations.items():
+            if not isinstance(operation, dict):
+                continue
+            codes = [413] if "requestBody" in operation else []
+            if method in ("post", "put", "patch"):
+                codes.append(415)
+            for code in codes:
                 operation.setdefault("responses", {}).setdefault(
-                    "413",
+                    str(code),
                     {
-                        "description": DESCRIPTIONS[413],
+                        "description": DESCRIPTIONS[code],
                         "content": {
                             "application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}
                         },
                     },
                 )
+
+
+def document_models(openapi: dict[str, Any], *models: type[BaseModel]) -> None:
+    """Put models that routes read themselves (their bodies are named by $ref) among the components."""
+    schemas = openapi.setdefault("components", {}).setdefault("schemas", {})
+    for model in models:
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        for name, definition in schema.pop("$defs", {}).items():
+            schemas.setdefault(name, definition)
+        schemas.setdefault(model.__name__, schema)
 
 
 def status_for(exc: FastPubSubError) -> int:
@@ -115,8 +133,32 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(422, validation_problems(exc.errors()))
 
 
+class AllowedMethods:
+    """Every method some route serves a path with: a 405's Allow header names them all.
+
+    (The router names only the methods of the first route whose path matched.)
+    """
+
+    def __init__(self, routes: Iterable[BaseRoute]) -> None:
+        self._routes = [
+            (route.path_regex, frozenset(route.methods))
+            for route in routes
+            if isinstance(route, Route | APIRoute) and route.methods
+        ]
+
+    def header(self, path: str) -> str:
+        methods: set[str] = set()
+        for regex, route_methods in self._routes:
+            if regex.match(path):
+                methods |= route_methods
+        return ", ".join(sorted(methods))
+
+
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 405:
+        allowed: AllowedMethods = request.app.state.allowed_methods
+        return error_response(405, exc.detail, {"Allow": allowed.header(request.url.path)})
     if exc.status_code == 400 and isinstance(exc.__cause__, ValueError | RecursionError):
         # FastAPI answers 400 when the JSON body is not UTF-8 (UnicodeDecodeError)
         # or nested too deeply to parse: invalid input like any other bad JSON.

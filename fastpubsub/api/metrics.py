@@ -24,6 +24,7 @@ from prometheus_fastapi_instrumentator.middleware import PrometheusInstrumentato
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
+from starlette.types import Receive, Scope, Send
 
 from fastpubsub.db import Database
 from fastpubsub.exceptions import DatabaseUnavailableError
@@ -41,6 +42,8 @@ DEAD_LETTERED = Counter(
 )
 
 _STATES = ("available", "delivered", "delayed", "acked", "dlq")
+# The methods HTTP metrics are labelled with (routes use some of these; the rest get 405).
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 class _Backlog(Collector):
@@ -122,6 +125,14 @@ class InstrumentatorMiddleware(PrometheusInstrumentatorMiddleware):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._handlers: dict[tuple[str, str, str], tuple[str, bool]] = {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # The method is a label: a method no route has (any token a client makes
+        # up) is answered 405 without being counted, so it cannot add series.
+        if scope["type"] == "http" and scope["method"] not in HTTP_METHODS:
+            await self.app(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
 
     def _get_handler(self, request: Request) -> tuple[str, bool]:
         scope = request.scope

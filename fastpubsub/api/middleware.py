@@ -73,20 +73,39 @@ class RequestContext:
             request_id.reset(token)
 
 
+TOKEN_PATH = "/oauth/token"  # noqa: S105 - a path, not a secret
+_PUBLISH_PATH = re.compile(r"/topics/[^/]+/(?:messages|publish)")
+# Bodies other than publishes are small (the largest, a thousand ids, is 40 KB):
+# held to these, no body parsed on the event loop costs more than a few
+# milliseconds, whatever its shape.
+CONTROL_BODY_BYTES = 64 * 1024
+TOKEN_BODY_BYTES = 8 * 1024
+
+
 class BodyLimit:
-    """Refuse request bodies larger than `max_bytes` with 413, before reading them whole."""
+    """Refuse request bodies over their limit with 413, before reading them whole.
+
+    Publishes may be up to `max_bytes`; other requests up to CONTROL_BODY_BYTES
+    and the token endpoint up to TOKEN_BODY_BYTES (or `max_bytes`, if smaller).
+    """
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
 
+    def limit_for(self, path: str) -> int:
+        if _PUBLISH_PATH.fullmatch(path):
+            return self.max_bytes
+        return min(TOKEN_BODY_BYTES if path == TOKEN_PATH else CONTROL_BODY_BYTES, self.max_bytes)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.limit_for(scope["path"])
         declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(send)
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await send_json_error(send, 413, f"request body is larger than {limit} bytes")
             return
         received = 0
 
@@ -95,16 +114,13 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_bytes:
+                if received > limit:
                     # An HTTPException, which FastAPI lets through while it reads a body
                     # (it answers 400 for anything else): a 413 with a JSON detail.
-                    raise HTTPException(413, f"request body is larger than {self.max_bytes} bytes")
+                    raise HTTPException(413, f"request body is larger than {limit} bytes")
             return message
 
         await self.app(scope, limited_receive, send)
-
-    async def _refuse(self, send: Send) -> None:
-        await send_json_error(send, 413, f"request body is larger than {self.max_bytes} bytes")
 
 
 async def send_json_error(send: Send, status: int, detail: str) -> None:

@@ -10,14 +10,16 @@ from pydantic import (
     AfterValidator,
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
+    Strict,
     StringConstraints,
     model_validator,
 )
 
 from fastpubsub import jsoncodec
-from fastpubsub.auth import MAX_SCOPES, MAX_SCOPES_LENGTH
+from fastpubsub.auth import MAX_SCOPES, MAX_SCOPES_LENGTH, SCOPES_PATTERN
 
 T = TypeVar("T")
 
@@ -31,6 +33,9 @@ DEFAULT_BATCH_SIZE = 10
 MAX_WAIT_SECONDS = 30
 MAX_CONSUMER_ID_LENGTH = 200
 MAX_IDS = 1000
+
+# How deep a message's payload may nest objects and arrays (the payload object is level 1).
+MAX_JSON_DEPTH = 64
 
 # Attributes of an envelope publish.
 MAX_ATTRIBUTES = 64
@@ -53,9 +58,27 @@ def _finite(value: Any) -> Any:
     return value
 
 
+# JSON has exact types, and so does the API: no true for 1, no 0 for false, no
+# number for a time (pydantic would otherwise take `"seconds": false` as 0).
+StrictInt = Annotated[int, Strict()]
+StrictBool = Annotated[bool, Strict()]
+StrictNumber = Annotated[float, Strict()]  # an integer or a fraction, never a boolean
+
+
+def _text(value: Any) -> Any:
+    if not isinstance(value, str | datetime):
+        raise ValueError("a time must be an ISO 8601 string with a time zone")
+    return value
+
+
+TextTime = Annotated[AwareDatetime, BeforeValidator(_text)]
+
+
 # A JSON object whose numbers are all finite (Python's JSON parser reads NaN,
 # Infinity and 1e400, which would otherwise be stored as null).
 JsonObject = Annotated[dict[str, Any], AfterValidator(_finite)]
+# A filter: an object whose keys are field paths or operators, never empty (the database checks the rest).
+FilterObject = Annotated[JsonObject, Field(json_schema_extra={"propertyNames": {"minLength": 1}})]
 
 
 class Body(BaseModel):
@@ -84,15 +107,15 @@ class TopicOut(BaseModel):
 class SubscriptionCreate(Body):
     id: ObjectId
     topic_id: ObjectId
-    filter: JsonObject | None = Field(
+    filter: FilterObject | None = Field(
         default=None,
         description='Messages to deliver, e.g. {"country": ["BR", "US"]}; null or {} delivers everything',
         examples=[{"country": ["BR", "US"]}],
     )
-    max_delivery_attempts: int | None = Field(default=None, ge=1, le=1000)
-    backoff_min_seconds: int | None = Field(default=None, ge=0, le=86400)
-    backoff_max_seconds: int | None = Field(default=None, ge=0, le=86400)
-    ack_deadline_seconds: int | None = Field(default=None, ge=1, le=3600, description="Lease length")
+    max_delivery_attempts: StrictInt | None = Field(default=None, ge=1, le=1000)
+    backoff_min_seconds: StrictInt | None = Field(default=None, ge=0, le=86400)
+    backoff_max_seconds: StrictInt | None = Field(default=None, ge=0, le=86400)
+    ack_deadline_seconds: StrictInt | None = Field(default=None, ge=1, le=3600, description="Lease length")
 
 
 class SubscriptionOut(BaseModel):
@@ -158,9 +181,11 @@ class PublishMessage(Body):
         description="A repeat on this topic (while the original is retained) returns the original id "
         "and is not delivered again",
     )
-    delay_seconds: float | None = Field(default=None, ge=0, le=31536000, description="Deliver no sooner")
-    deliver_at: AwareDatetime | None = Field(default=None, description="Deliver no sooner than this time")
-    priority: int = Field(default=0, ge=0, le=9, description="Higher is delivered first")
+    delay_seconds: StrictNumber | None = Field(
+        default=None, ge=0, le=31536000, description="Deliver no sooner"
+    )
+    deliver_at: TextTime | None = Field(default=None, description="Deliver no sooner than this time")
+    priority: StrictInt = Field(default=0, ge=0, le=9, description="Higher is delivered first")
 
     @model_validator(mode="after")
     def _one_delay(self) -> PublishMessage:
@@ -201,17 +226,17 @@ class PublishResponse(BaseModel):
 class SubscriptionUpdate(Body):
     """The fields to change; leave out what stays. `filter: null` removes the filter."""
 
-    filter: JsonObject | None = Field(
+    filter: FilterObject | None = Field(
         default=None, examples=[{"user.country": ["BR"], "amount": {"$gte": 100}}]
     )
-    max_delivery_attempts: int | None = Field(default=None, ge=1, le=1000)
-    backoff_min_seconds: int | None = Field(default=None, ge=0, le=86400)
-    backoff_max_seconds: int | None = Field(default=None, ge=0, le=86400)
-    ack_deadline_seconds: int | None = Field(default=None, ge=1, le=3600)
+    max_delivery_attempts: StrictInt | None = Field(default=None, ge=1, le=1000)
+    backoff_min_seconds: StrictInt | None = Field(default=None, ge=0, le=86400)
+    backoff_max_seconds: StrictInt | None = Field(default=None, ge=0, le=86400)
+    ack_deadline_seconds: StrictInt | None = Field(default=None, ge=1, le=3600)
 
 
 class SeekRequest(Body):
-    time: AwareDatetime = Field(
+    time: TextTime = Field(
         description="Replay retained messages published at or after this time",
         examples=["2026-11-22T10:00:00Z"],
     )
@@ -238,7 +263,9 @@ class LeaseExtension(Body):
 
     ids: MessageIds | None = Field(default=None, description="Message ids (give ids or receipts)")
     receipts: Receipts | None = None
-    seconds: int = Field(ge=0, le=3600, description="New lease length from now; 0 releases the messages")
+    seconds: StrictInt = Field(
+        ge=0, le=3600, description="New lease length from now; 0 releases the messages"
+    )
 
     @model_validator(mode="after")
     def _ids_or_receipts(self) -> LeaseExtension:
@@ -295,17 +322,18 @@ class _ClientFields(Body):
     name: Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=NO_NUL_PATTERN)]
     scopes: str = Field(
         max_length=MAX_SCOPES_LENGTH,
+        pattern=SCOPES_PATTERN,
         description=f"Space-separated scopes, e.g. 'topics:publish:orders subscriptions:read' "
         f"(at most {MAX_SCOPES} scopes, {MAX_SCOPES_LENGTH} characters)",
     )
 
 
 class ClientCreate(_ClientFields):
-    is_active: bool = True
+    is_active: StrictBool = True
 
 
 class ClientUpdate(_ClientFields):
-    is_active: bool | None = Field(default=None, description="Left out: unchanged")
+    is_active: StrictBool | None = Field(default=None, description="Left out: unchanged")
 
 
 class ClientCreated(BaseModel):

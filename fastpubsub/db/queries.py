@@ -149,6 +149,11 @@ class Database:
         """Raise DatabaseUnavailableError unless the database answers."""
         await self._rows("ping")
 
+    async def schema_revision(self) -> str | None:
+        """The revision the database is at (None: none recorded); NotMigratedError without a schema."""
+        rows = await self._rows("schema_revision")
+        return str(rows[0].version_num) if rows else None
+
     # -- topics --------------------------------------------------------------
     async def create_topic(self, topic_id: str) -> Topic:
         row = await self._one("create_topic", id=topic_id)

@@ -5,6 +5,10 @@
 -- ping --
 SELECT 1
 
+-- schema_revision --
+-- The Alembic revision the database is at (readiness compares it with the code's).
+SELECT version_num FROM fastpubsub.alembic_version
+
 -- create_topic --
 SELECT id, created_at FROM fastpubsub.create_topic(:id)
 

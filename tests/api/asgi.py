@@ -60,8 +60,10 @@ class Exchange:
         elif message["type"] == "http.response.body":
             chunk = message.get("body", b"")
             self.body += chunk
-            if chunk:
-                self.chunks.put_nowait(chunk)
+            # One write may carry several events (a stream sends what it leased at once).
+            for event in chunk.split(b"\n\n"):
+                if event:
+                    self.chunks.put_nowait(event + b"\n\n")
 
     async def next_event(self, within: float) -> tuple[bytes, list[bytes]]:
         """The next `message` event's data, and the comments (keep-alives) that came before it."""

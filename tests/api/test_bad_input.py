@@ -7,12 +7,14 @@ JSON, be stored and returned exactly as sent.
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
 
 from tests.api.conftest import ClientFactory, fast_and_routed
 
+Bearer = Callable[[str], Awaitable[dict[str, str]]]
 JSON_TYPE = {"content-type": "application/json"}
 BIG = 18446744073709551616  # 2**64: beyond what orjson handles
 SMALL = -9223372036854775809  # -2**63 - 1
@@ -46,10 +48,17 @@ async def test_a_nul_in_consumer_id_is_422(
         refused(await api.get(path, params=params))
 
 
-async def test_a_nul_in_a_client_name_is_422(api: httpx.AsyncClient) -> None:
-    refused(await api.post("/clients", json={"name": "a\x00b", "scopes": "topics:read"}))
-    created = (await api.post("/clients", json={"name": "ok", "scopes": "topics:read"})).json()
-    refused(await api.put(f"/clients/{created['id']}", json={"name": "\x00", "scopes": "topics:read"}))
+async def test_a_nul_in_a_client_name_is_422(secured: httpx.AsyncClient, bearer: Bearer) -> None:
+    headers = await bearer("*")
+    refused(await secured.post("/clients", json={"name": "a\x00b", "scopes": "topics:read"}, headers=headers))
+    created = (
+        await secured.post("/clients", json={"name": "ok", "scopes": "topics:read"}, headers=headers)
+    ).json()
+    refused(
+        await secured.put(
+            f"/clients/{created['id']}", json={"name": "\x00", "scopes": "topics:read"}, headers=headers
+        )
+    )
 
 
 async def test_a_raw_nul_in_a_published_body_is_422(make_api: ClientFactory) -> None:
@@ -184,5 +193,64 @@ async def test_a_body_that_is_not_utf8_is_422(make_api: ClientFactory, method: s
 
 async def test_a_body_nested_too_deeply_to_parse_is_422(api: httpx.AsyncClient) -> None:
     await setup(api)
-    deep = b'{"id": "x", "topic_id": "t", "filter": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    deep = b'{"id": "x", "topic_id": "t", "filter": ' + b"[" * 20_000 + b"]" * 20_000 + b"}"
     refused(await api.post("/subscriptions", content=deep, headers=JSON_TYPE))
+
+
+# -- exact JSON types: no true for 1, no 0 for false, no number for a time ----------------------
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", "/subscriptions/s/leases", {"ids": [ID], "seconds": False}),
+        ("POST", "/subscriptions/s/leases", {"ids": [ID], "seconds": 5.0}),
+        ("POST", "/subscriptions/s/leases", {"ids": [ID], "seconds": "5"}),
+        ("POST", "/subscriptions", {"id": "s2", "topic_id": "t", "ack_deadline_seconds": True}),
+        ("POST", "/subscriptions", {"id": "s2", "topic_id": "t", "max_delivery_attempts": "3"}),
+        ("PATCH", "/subscriptions/s", {"backoff_min_seconds": True}),
+        ("POST", "/topics/t/publish", {"messages": [{"payload": {}, "priority": True}]}),
+        ("POST", "/topics/t/publish", {"messages": [{"payload": {}, "priority": 1.0}]}),
+        ("POST", "/topics/t/publish", {"messages": [{"payload": {}, "delay_seconds": False}]}),
+        ("POST", "/topics/t/publish", {"messages": [{"payload": {}, "deliver_at": 0}]}),
+        ("POST", "/subscriptions/s/seek", {"time": 0}),
+        ("POST", "/subscriptions/s/seek", {"time": 1790000000.5}),
+    ],
+)
+async def test_values_of_the_wrong_json_type_are_422(
+    api: httpx.AsyncClient, method: str, path: str, body: object
+) -> None:
+    await setup(api)
+    before = (await api.get("/subscriptions/s")).json()
+    refused(await api.request(method, path, json=body))
+    assert (await api.get("/subscriptions/s")).json() == before
+    assert (await api.get("/subscriptions/s2")).status_code == 404
+    assert (await api.get("/subscriptions/s/metrics")).json()["available"] == 0
+
+
+async def test_client_flags_must_be_booleans(secured: httpx.AsyncClient, bearer: Bearer) -> None:
+    admin = await bearer("*")
+    for flag in (0, 1, "false", None):
+        body = {"name": "x", "scopes": "topics:read", "is_active": flag}
+        refused(await secured.post("/clients", json=body, headers=admin))
+    created = await secured.post("/clients", json={"name": "x", "scopes": "topics:read"}, headers=admin)
+    client = f"/clients/{created.json()['id']}"
+    refused(
+        await secured.put(client, json={"name": "x", "scopes": "topics:read", "is_active": 0}, headers=admin)
+    )
+    assert (await secured.get(client, headers=admin)).json()["is_active"] is True
+
+
+async def test_a_405_names_every_method_of_the_path(api: httpx.AsyncClient) -> None:
+    for path, allowed in [
+        ("/subscriptions/s", "DELETE, GET, PATCH"),
+        ("/topics", "GET, POST"),
+        ("/topics/t/messages", "POST"),
+        ("/subscriptions/s/messages", "GET"),
+        (f"/clients/{ID}", "DELETE, GET, PUT"),
+    ]:
+        for method in ("PUT", "TRACE", "XYZZY"):
+            if method in allowed:
+                continue
+            response = await api.request(method, path, headers=JSON_TYPE)
+            assert response.status_code == 405, (method, path)
+            assert response.headers["allow"] == allowed, (method, path)
+            assert "detail" in response.json()

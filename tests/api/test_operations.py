@@ -6,16 +6,20 @@ import io
 import json
 import logging
 import re
+import uuid
 from collections.abc import Iterator
 
 import httpx
+import psycopg
 import pytest
 
+from fastpubsub import migrate
 from fastpubsub.api.app import create_app
 from fastpubsub.embedded import free_port
 from fastpubsub.logs import JsonFormatter
 from fastpubsub.settings import Settings
-from tests.api.conftest import ClientFactory
+from tests.api.conftest import ClientFactory, fast_and_routed
+from tests.conftest import PostgresServer
 
 
 async def test_probes(api: httpx.AsyncClient) -> None:
@@ -266,3 +270,123 @@ async def test_each_503_logs_one_warning_line_and_a_traceback_only_at_debug(
         assert any("exception" in e and e["level"] == "debug" for e in log_entries(json_log))
     finally:
         root.setLevel(level)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", "/subscriptions/{name}/acks", ["0190b5a0-0000-7000-8000-000000000001"]),
+        ("POST", "/subscriptions/{name}/nacks", ["0190b5a0-0000-7000-8000-000000000001"]),
+        (
+            "POST",
+            "/subscriptions/{name}/leases",
+            {"ids": ["0190b5a0-0000-7000-8000-000000000001"], "seconds": 5},
+        ),
+        ("GET", "/subscriptions/{name}/messages?consumer_id=w", None),
+        ("GET", "/subscriptions/{name}/messages?consumer_id=w&wait_seconds=0.1", None),
+        ("GET", "/subscriptions/{name}/stream?consumer_id=w", None),
+        ("POST", "/topics/{name}/messages", [{"a": 1}]),
+        ("POST", "/topics/{name}/publish", {"messages": [{"payload": {"a": 1}}]}),
+    ],
+)
+async def test_metric_labels_only_name_objects_that_exist(
+    make_api: ClientFactory, method: str, path: str, body: object
+) -> None:
+    fast, routed = await fast_and_routed(make_api)
+    name = f"nosuch-{uuid.uuid4().hex}"
+    for api in (fast, routed):
+        response = await api.request(method, path.format(name=name), json=body)
+        assert response.status_code == 404, response.text
+    assert name not in (await fast.get("/metrics")).text
+
+
+async def test_methods_no_route_has_add_no_metric_series(api: httpx.AsyncClient) -> None:
+    method = f"X{uuid.uuid4().hex[:8].upper()}"
+    assert (await api.request(method, "/topics")).status_code == 405
+    assert method not in (await api.get("/metrics")).text
+
+
+async def test_readiness_is_503_until_the_schema_is_at_the_head_revision(
+    make_api: ClientFactory, database_url: str, pg_server: PostgresServer
+) -> None:
+    api = await make_api()
+    assert (await api.get("/readiness")).status_code == 200
+    head = migrate.head_revision()
+    older = "0004_lease_and_cleanup_fixes"
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("UPDATE fastpubsub.alembic_version SET version_num = %s", (older,))
+        response = await api.get("/readiness")
+        assert response.status_code == 503
+        expected = (
+            f"the database is at revision {older}, this server needs {head}: run `fastpubsub db-migrate`"
+        )
+        assert response.json() == {"detail": expected}
+        # A revision this code does not know comes from a newer release (a rolling upgrade): ready.
+        conn.execute("UPDATE fastpubsub.alembic_version SET version_num = '9999_from_the_future'")
+        assert (await api.get("/readiness")).status_code == 200
+
+
+async def test_readiness_is_503_on_a_database_that_was_never_migrated(pg_server: PostgresServer) -> None:
+    name = f"fastpubsub_empty_{uuid.uuid4().hex[:12]}"
+    url = pg_server.create_database(name)
+    try:
+        app = create_app(Settings(_env_file=None, database_url=url))
+        transport = httpx.ASGITransport(app=app)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=transport, base_url="http://api") as client,
+        ):
+            response = await client.get("/readiness")
+            assert response.status_code == 503
+            assert "has no fastpubsub schema" in response.json()["detail"]
+            assert "run `fastpubsub db-migrate`" in response.json()["detail"]
+            assert (await client.get("/liveness")).status_code == 200
+    finally:
+        pg_server.drop_database(name)
+
+
+async def test_openapi_resolves_every_ref_and_states_the_rules_the_server_enforces(
+    api: httpx.AsyncClient,
+) -> None:
+    spec = (await api.get("/openapi.json")).json()
+    schemas = spec["components"]["schemas"]
+
+    def refs(node: object) -> Iterator[str]:
+        if isinstance(node, dict):
+            if isinstance(node.get("$ref"), str):
+                yield node["$ref"]
+            for value in node.values():
+                yield from refs(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from refs(value)
+
+    found = set(refs(spec))
+    assert {"#/components/schemas/TokenRequest", "#/components/schemas/PublishRequest"} <= found
+    for ref in found:
+        assert ref.startswith("#/components/schemas/"), ref
+        assert ref.removeprefix("#/components/schemas/") in schemas, ref
+    scopes = schemas["ClientCreate"]["properties"]["scopes"]
+    assert re.fullmatch(scopes["pattern"], "topics:publish:orders metrics:read")
+    assert not re.fullmatch(scopes["pattern"], "")
+    assert not re.fullmatch(scopes["pattern"], "topics:fly")
+    filters = schemas["SubscriptionCreate"]["properties"]["filter"]["anyOf"][0]
+    assert filters["propertyNames"] == {"minLength": 1}
+
+
+async def test_a_statement_timeout_is_its_own_503(make_api: ClientFactory) -> None:
+    """A publish whose filter evaluation outlasts the statement timeout: not "database unavailable"."""
+    api = await make_api(database_statement_timeout_ms=200)
+    await api.post("/topics", json={"id": "t"})
+    pattern = "#." + ".".join(["a"] * 30) + ".b"  # backs up to the `#` at every word
+    created = await api.post(
+        "/subscriptions", json={"id": "s", "topic_id": "t", "filter": {"e": {"$match": pattern}}}
+    )
+    assert created.status_code == 201, created.text
+    response = await api.post("/topics/t/messages", json=[{"e": ".".join(["a"] * 40_000)}])
+    assert response.status_code == 503, response.text
+    assert response.json() == {
+        "detail": "The database gave up on the statement: it ran longer than "
+        "FASTPUBSUB_DATABASE_STATEMENT_TIMEOUT_MS."
+    }
+    assert (await api.get("/subscriptions/s/metrics")).json()["available"] == 0  # nothing half-stored

@@ -8,6 +8,8 @@ import pytest
 
 from tests.api.conftest import ClientFactory
 
+JSON_TYPE = {"content-type": "application/json"}
+
 
 async def test_topic_crud(api: httpx.AsyncClient) -> None:
     created = await api.post("/topics", json={"id": "user-events"})
@@ -83,7 +85,7 @@ async def test_bad_publishes_are_refused_whole(api: httpx.AsyncClient, body: byt
 
 async def test_non_utf8_body_is_422(api: httpx.AsyncClient) -> None:
     await api.post("/topics", json={"id": "t"})
-    response = await api.post("/topics/t/messages", content=b'[{"a": "\xff"}]')
+    response = await api.post("/topics/t/messages", content=b'[{"a": "\xff"}]', headers=JSON_TYPE)
     assert response.status_code == 422
 
 

@@ -381,3 +381,49 @@ def test_server_refuses_auth_without_a_key(invoke: Invoke) -> None:
     result = invoke("server", auth_enabled="true")
     assert result.exit_code == 6
     assert "FASTPUBSUB_AUTH_SECRET_KEY" in result.stderr
+
+
+@pytest.fixture
+def serve_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Hosts `serve` was asked to bind; nothing is bound (these tests never serve on other addresses)."""
+    calls: list[str] = []
+    monkeypatch.setattr("fastpubsub.cli.serve", lambda settings, host, port, workers: calls.append(host))
+    return calls
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.10", "example.com"])
+@pytest.mark.parametrize("command", ["server", "dev"])
+def test_auth_off_on_an_address_others_reach_is_refused(
+    invoke_offline: Invoke, serve_calls: list[str], host: str, command: str
+) -> None:
+    result = invoke_offline(command, "--host", host)
+    assert result.exit_code == 6, result.output
+    assert result.stderr.count("\n") == 1
+    assert f"auth is off and {host} is not a loopback address" in result.stderr
+    assert "--insecure-no-auth" in result.stderr
+    assert serve_calls == []
+
+
+def test_the_server_binds_the_loopback_address_by_default(
+    invoke_offline: Invoke, serve_calls: list[str]
+) -> None:
+    result = invoke_offline("server")
+    assert result.exit_code == 0, result.output
+    assert serve_calls == ["127.0.0.1"]
+
+
+@pytest.mark.parametrize(
+    ("args", "env"),
+    [
+        (("--insecure-no-auth",), {}),
+        ((), {"api_insecure_no_auth": "true"}),
+        ((), {"auth_enabled": "true", "auth_secret_key": auth.generate_signing_key()}),
+    ],
+    ids=["flag", "setting", "auth-on"],
+)
+def test_an_exposed_address_is_served_with_auth_or_when_told_it_is_insecure(
+    invoke_offline: Invoke, serve_calls: list[str], args: tuple[str, ...], env: dict[str, str]
+) -> None:
+    result = invoke_offline("server", "--host", "0.0.0.0", *args, **env)
+    assert result.exit_code == 0, result.output
+    assert serve_calls == ["0.0.0.0"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -13,7 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fastpubsub.embedded import free_port
+from fastpubsub import migrate
+from fastpubsub.embedded import EmbeddedPostgres, free_port
 
 FASTPUBSUB = str(Path(sys.executable).parent / "fastpubsub")
 
@@ -91,3 +93,22 @@ def run_server(tmp_path: Path) -> Iterator[Callable[..., Server]]:
     yield _run
     for server in started:
         stop_server(server)
+
+
+@contextlib.contextmanager
+def own_postgres_in(path: Path, settings: dict[str, str] | None = None) -> Iterator[EmbeddedPostgres]:
+    """A PostgreSQL of a test's own (stopping it disturbs no other test), removed afterwards."""
+    pg = EmbeddedPostgres(path, port=free_port(), settings=settings)
+    pg.start()
+    try:
+        yield pg
+    finally:
+        pg.destroy()
+
+
+def serve_migrated(pg: EmbeddedPostgres, run_server: Callable[..., Server]) -> tuple[Server, str]:
+    """Migrate `pg` and start a server on it; the server and a libpq URL of the database."""
+    running = pg.running()
+    assert running is not None
+    migrate.upgrade(running.url())
+    return run_server(base_env(running.url())), running.url(driver="")

@@ -10,9 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fastpubsub import migrate
-from fastpubsub.embedded import EPHEMERAL_SETTINGS, EmbeddedPostgres, free_port
-from tests.e2e.conftest import Server, base_env
+from fastpubsub.embedded import EPHEMERAL_SETTINGS, EmbeddedPostgres
+from tests.e2e.conftest import Server, own_postgres_in, serve_migrated
 
 pytestmark = pytest.mark.slow
 
@@ -20,12 +19,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def own_postgres(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
     """A PostgreSQL of this test's own, so stopping it disturbs no other test."""
-    pg = EmbeddedPostgres(tmp_path / "pg", port=free_port(), settings=EPHEMERAL_SETTINGS)
-    pg.start()
-    try:
+    with own_postgres_in(tmp_path / "pg", EPHEMERAL_SETTINGS) as pg:
         yield pg
-    finally:
-        pg.destroy()
 
 
 def wait_until(check: Callable[[], bool], seconds: float) -> float:
@@ -40,11 +35,7 @@ def wait_until(check: Callable[[], bool], seconds: float) -> float:
 def test_database_stopped_then_started(
     own_postgres: EmbeddedPostgres, run_server: Callable[..., Server]
 ) -> None:
-    running = own_postgres.running()
-    assert running is not None
-    url = running.url()
-    migrate.upgrade(url)
-    server = run_server(base_env(url))
+    server, _ = serve_migrated(own_postgres, run_server)
     with server.client() as http:
         http.post("/topics", json={"id": "t"})
         http.post("/subscriptions", json={"id": "s", "topic_id": "t"})

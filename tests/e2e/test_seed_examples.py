@@ -50,7 +50,8 @@ def example_2_simple_pub_sub(http: httpx.Client) -> None:
     assert http.get("/subscriptions/email-sender/metrics").json()["acked"] == 1
 
 
-def example_3_clients_with_scopes(http: httpx.Client) -> None:
+def example_3_clients_with_scopes(http: httpx.Client, auth_enabled: bool) -> None:
+    """Clients are made over HTTP with auth on; with it off only by the CLI (none is made while open)."""
     for name, scopes in [
         ("Publisher Service", "topics:publish:notifications"),
         ("Consumer Service", "subscriptions:consume:email-sender"),
@@ -60,6 +61,10 @@ def example_3_clients_with_scopes(http: httpx.Client) -> None:
         ),
     ]:
         response = http.post("/clients", json={"name": name, "scopes": scopes, "is_active": True})
+        if not auth_enabled:
+            assert response.status_code == 403, response.text
+            assert "fastpubsub create-client" in response.json()["detail"]
+            continue
         assert response.status_code == 201, response.text
         assert set(response.json()) == {"id", "secret"}
 
@@ -133,7 +138,7 @@ def test_seed_examples(database_url: str, run_server: Callable[..., Server], aut
     headers = admin_headers(server) if auth_enabled else {}
     with server.client(headers=headers) as http:
         example_2_simple_pub_sub(http)
-        example_3_clients_with_scopes(http)
+        example_3_clients_with_scopes(http, auth_enabled)
         example_4_filtered_subscription(http)
         example_6_failed_messages(http)
         example_12_fan_out(http)

@@ -8,6 +8,7 @@ import pytest
 
 from fastpubsub.bench.suite import Options, summary
 from fastpubsub.bench.workloads import Result, verify_drained
+from fastpubsub.bench.wrk import WrkResult
 
 DRAINED = {"available": 0, "delivered": 0, "delayed": 0, "acked": 150_000, "dlq": 0}
 
@@ -19,8 +20,46 @@ def consumed(name: str, seconds: float, metrics: dict[str, int] | None = None, *
     return verify_drained(result, 150_000, DRAINED | (metrics or {}))
 
 
+def wrk(requests: int, seconds: float = 10, errors: int = 0, cpu: float = 0.3) -> WrkResult:
+    return WrkResult(requests, seconds, errors, 0, 5.0, 8.0, 20.0, requests // 2, cpu)
+
+
+def long_polls(**extra: Any) -> Result:
+    figures = {
+        "waiters": 500,
+        "published": 320,
+        "delivered_share": 1.0,
+        "extra_transactions_per_publish": 3.5,
+        "publish_p50_ms": 5.0,
+        "publish_p50_ms_nobody_waiting": 4.5,
+        "publish_p99_ms": 9.0,
+    }
+    return Result("long-polls", 320, 8, figures | extra)
+
+
+def idle(**extra: Any) -> Result:
+    figures = {
+        "streams": 10_000,
+        "open_seconds": 20.0,
+        "server_rss_mib": 600.0,
+        "server_rss_mib_before": 200.0,
+        "publish_p50_ms": 4.0,
+        "publish_p99_ms": 10.0,
+        "publish_p99_ms_without": 9.0,
+    }
+    return Result("idle streams", 10_000, 5, figures | extra)
+
+
 def results(**changes: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
+        "floor": wrk(50_000),  # 5,000 requests/s
+        "publish_one": wrk(35_000),  # 0.7x the floor
+        "consume_ack_one": wrk(36_000),
+        "consume_ack_one_acked": 18_000,  # 1,800 msg/s: 0.36x
+        "long_polls": long_polls(),
+        "streams": consumed("stream consume+ack", 4),  # 37,500 msg/s against a 30,000 ceiling
+        "e2e_fast": Result("end-to-end fast", 20_000, 10, {"p50_ms": 4.0, "p99_ms": 20.0}),
+        "idle_streams": idle(),
         "sql_publish": [Result("publish (SQL ceiling)", 300_000, 10, {"client_busy": 0.2})] * 3,
         "http_publish": [Result("publish (HTTP)", 240_000, 10)] * 3,
         "sql_consume": [consumed("consume+ack (SQL ceiling)", 5)] * 3,
@@ -47,6 +86,12 @@ def test_figures_and_ratios_come_from_the_results() -> None:
     assert figures["consume_lost"] == 0
     assert figures["consume_problems"] == []
     assert figures["sql_client_busy"] == 0.2
+    assert figures["http_floor_requests_per_s"] == 5_000
+    assert figures["publish_one_ratio"] == 0.7
+    assert figures["consume_ack_one_msgs_per_s"] == 1_800
+    assert figures["consume_ack_one_ratio"] == 0.36
+    assert figures["stream_ratio"] == 1.25
+    assert figures["wrk_cpu_share"] == 0.3
     assert figures["targets_met"] is True
 
 
@@ -91,6 +136,18 @@ def test_a_subscription_not_drained_is_reported_and_fails_the_run() -> None:
                 {"total_bytes": 1300, "publish": 800, "consume": 200, "ack": 300, "fpi": 0, "method": "lsn"},
             )
         },
+        {"publish_one": wrk(25_000)},  # 0.5x the floor
+        {"publish_one": wrk(35_000, errors=3)},
+        {"consume_ack_one_acked": 12_000},  # 0.24x
+        {"long_polls": long_polls(extra_transactions_per_publish=9.0)},
+        {"long_polls": long_polls(delivered_share=0.9)},
+        {"long_polls": long_polls(publish_p50_ms=7.0)},  # +2.5 ms
+        {"streams": consumed("s", 8)},  # 62% of the consume ceiling
+        {"streams": consumed("s", 4, duplicates=1)},
+        {"e2e_fast": Result("e", 20_000, 10, {"p50_ms": 6.0, "p99_ms": 20.0})},
+        {"e2e_fast": Result("e", 20_000, 10, {"p50_ms": 4.0, "p99_ms": 30.0})},
+        {"idle_streams": idle(server_rss_mib=1100.0)},
+        {"idle_streams": idle(publish_p99_ms=12.0)},  # +3 ms
     ],
 )
 def test_any_missed_target_fails_the_run(change: dict[str, Any]) -> None:

@@ -405,6 +405,11 @@ def test_compose_services_run_real_commands() -> None:
 def test_compose_publishes_ports_on_the_loopback_address_only() -> None:
     services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
     assert services["server"]["ports"] == ["127.0.0.1:8000:8000"]
+    # The image listens on 0.0.0.0, which the server refuses with auth off unless told it is meant.
+    environment = services["server"]["environment"]
+    assert environment.get("FASTPUBSUB_AUTH_ENABLED") == "true" or (
+        environment.get("FASTPUBSUB_API_INSECURE_NO_AUTH") == "true"
+    )
     for name, service in services.items():
         for port in service.get("ports", []):
             assert str(port).startswith("127.0.0.1:"), (name, port)

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from fastpubsub.exceptions import ConfigurationError
-from fastpubsub.settings import Settings
+from fastpubsub.settings import Settings, is_loopback
 
 ROOT = Path(__file__).resolve().parents[2]
 TEST_ONLY = {"FASTPUBSUB_TEST_DATABASE_URL", "FASTPUBSUB_TEST_POSTGRES_IMAGE"}
@@ -144,3 +144,36 @@ def test_cors_origins_are_split() -> None:
         "http://a",
         "http://b",
     ]
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.1.2.3", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("localhost", True),
+        ("LOCALHOST", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("10.0.0.1", False),
+        ("192.0.2.10", False),
+        ("example.com", False),
+        ("localhost.example.com", False),
+        ("", False),
+    ],
+)
+def test_is_loopback(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
+
+
+def test_auth_off_is_refused_only_where_others_can_reach() -> None:
+    off = Settings(_env_file=None)
+    assert off.api_host == "127.0.0.1"
+    assert off.exposure_problem("127.0.0.1") is None
+    assert "0.0.0.0 is not a loopback address" in (off.exposure_problem("0.0.0.0") or "")
+    told = Settings(_env_file=None, api_insecure_no_auth=True)
+    assert told.exposure_problem("0.0.0.0") is None
+    on = Settings(_env_file=None, auth_enabled=True)
+    assert on.exposure_problem("0.0.0.0") is None

@@ -10,11 +10,13 @@ from uuid import UUID
 from fastapi import APIRouter, Path, Query, Request, Response
 
 from fastpubsub import auth
-from fastpubsub.api.deps import DatabaseDep, Principal, PrincipalDep
+from fastpubsub.api.deps import DatabaseDep, Principal, PrincipalDep, SettingsDep
 from fastpubsub.api.errors import error_responses
 from fastpubsub.api.schemas import ClientCreate, ClientCreated, ClientOut, ClientUpdate, Page
 from fastpubsub.db import Database
+from fastpubsub.exceptions import PermissionDeniedError
 from fastpubsub.models import Client
+from fastpubsub.settings import Settings
 
 router = APIRouter(prefix="/clients", tags=["clients"])
 
@@ -33,6 +35,19 @@ def _out(c: Client) -> ClientOut:
     )
 
 
+def _require_auth(settings: Settings) -> None:
+    """Credentials are made and changed only where auth is on.
+
+    With auth off anyone who reaches the server could make a client (with
+    `*`) that would keep working once auth is switched on.
+    """
+    if not settings.auth_enabled:
+        raise PermissionDeniedError(
+            "with auth off (FASTPUBSUB_AUTH_ENABLED=false) clients are not made or changed over HTTP: "
+            "use `fastpubsub create-client`, `update-client` or `rotate-client-secret`"
+        )
+
+
 async def _require_reach(principal: Principal, database: Database, client_id: UUID) -> None:
     """Changing a client needs every scope it holds: else rotating an admin's secret makes an admin."""
     if auth.ADMIN_SCOPE in principal.scopes:
@@ -48,7 +63,10 @@ async def _require_reach(principal: Principal, database: Database, client_id: UU
     description="The caller may only grant scopes it holds itself, unless it is admin (`*`).",
     responses=error_responses(401, 403, 422),
 )
-async def create_client(body: ClientCreate, database: DatabaseDep, principal: PrincipalDep) -> ClientCreated:
+async def create_client(
+    body: ClientCreate, database: DatabaseDep, principal: PrincipalDep, settings: SettingsDep
+) -> ClientCreated:
+    _require_auth(settings)
     principal.require("clients:create")
     scopes = auth.parse_scopes(body.scopes)
     auth.require_covered(principal.scopes, scopes)
@@ -85,8 +103,14 @@ async def get_client(client_id: ClientId, database: DatabaseDep, principal: Prin
     responses=error_responses(401, 403, 404, 422),
 )
 async def update_client(
-    client_id: ClientId, body: ClientUpdate, request: Request, database: DatabaseDep, principal: PrincipalDep
+    client_id: ClientId,
+    body: ClientUpdate,
+    request: Request,
+    database: DatabaseDep,
+    principal: PrincipalDep,
+    settings: SettingsDep,
 ) -> ClientOut:
+    _require_auth(settings)
     principal.require("clients:update", str(client_id))
     scopes = auth.parse_scopes(body.scopes)
     auth.require_covered(principal.scopes, scopes)
@@ -103,8 +127,13 @@ async def update_client(
     responses=error_responses(401, 403, 404, 422),
 )
 async def rotate_client_secret(
-    client_id: ClientId, request: Request, database: DatabaseDep, principal: PrincipalDep
+    client_id: ClientId,
+    request: Request,
+    database: DatabaseDep,
+    principal: PrincipalDep,
+    settings: SettingsDep,
 ) -> ClientCreated:
+    _require_auth(settings)
     principal.require("clients:update", str(client_id))
     await _require_reach(principal, database, client_id)
     secret = auth.generate_secret()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-from typing import Any
 from urllib.parse import parse_qs, unquote_plus
 from uuid import UUID
 
@@ -14,9 +13,11 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from fastpubsub import auth
-from fastpubsub.api.deps import DatabaseDep, SettingsDep
+from fastpubsub.api.deps import SettingsDep
 from fastpubsub.api.errors import error_response, validation_problems
 from fastpubsub.api.schemas import ErrorBody, TokenOut, TokenRequest
+from fastpubsub.api.throttle import FailedAttempts
+from fastpubsub.db import Database
 from fastpubsub.exceptions import InvalidInputError, PermissionDeniedError
 from fastpubsub.settings import Settings
 
@@ -50,14 +51,19 @@ _TOKEN_BODY = {
 class OAuthError(Exception):
     """An RFC 6749 error answer."""
 
-    def __init__(self, status: int, error: str, description: str, basic: bool = False) -> None:
+    def __init__(
+        self, status: int, error: str, description: str, basic: bool = False, retry_after: int = 0
+    ) -> None:
         self.status, self.error, self.description, self.basic = status, error, description, basic
+        self.retry_after = retry_after
 
 
 def _oauth_error(exc: OAuthError) -> JSONResponse:
     headers = dict(_NO_STORE)
     if exc.status == 401:
         headers["WWW-Authenticate"] = 'Basic realm="fastpubsub"' if exc.basic else 'Bearer realm="fastpubsub"'
+    if exc.retry_after:
+        headers["Retry-After"] = str(exc.retry_after)
     body = {"error": exc.error, "error_description": exc.description, "detail": exc.description}
     return JSONResponse(body, status_code=exc.status, headers=headers)
 
@@ -78,8 +84,20 @@ def _basic_credentials(header: str) -> tuple[str, str] | None:
 
 
 async def _authenticate(
-    database: Any, settings: Settings, client_id: str, secret: str, requested: str | None, basic: bool
+    request: Request, client_id: str, secret: str, requested: str | None, basic: bool
 ) -> TokenOut:
+    database: Database = request.app.state.database
+    settings: Settings = request.app.state.settings
+    failures: FailedAttempts = request.app.state.token_failures
+    keys = (("address", request.client.host if request.client else ""), ("client", client_id))
+    wait = failures.retry_after(*keys)
+    if wait:
+        raise OAuthError(
+            429,
+            "invalid_request",
+            f"too many failed attempts from this address or for this client; retry in {wait} s",
+            retry_after=wait,
+        )
     invalid = OAuthError(401, "invalid_client", "invalid client credentials", basic=basic)
     try:
         key = UUID(client_id)
@@ -91,7 +109,9 @@ async def _authenticate(
     # client, a disabled one and a wrong secret take the same time and answer.
     secret_hash = credentials.secret_hash if usable and credentials is not None else None
     if not await asyncio.to_thread(auth.verify_secret, secret, secret_hash) or credentials is None:
+        failures.failed(*keys)
         raise invalid
+    failures.forget(keys[1])
     granted = auth.parse_scopes(credentials.client.scopes)
     scopes = granted
     if requested:
@@ -124,19 +144,25 @@ async def _authenticate(
         201: {"model": TokenOut, "description": "Token (JSON request)"},
         400: {"model": ErrorBody, "description": "invalid_request, unsupported_grant_type or invalid_scope"},
         401: {"model": ErrorBody, "description": "invalid_client: unknown client, disabled or wrong secret"},
+        413: {"model": ErrorBody, "description": "The body is larger than 8 KiB"},
         415: {"model": ErrorBody, "description": "Neither JSON nor a form"},
         422: {"model": ErrorBody, "description": "Invalid JSON body"},
+        429: {
+            "model": ErrorBody,
+            "description": "Too many failed attempts from this address or for this client: retry after "
+            "`Retry-After` seconds",
+        },
         503: {"model": ErrorBody, "description": "The database is unreachable"},
     },
 )
-async def issue_token(request: Request, database: DatabaseDep, settings: SettingsDep) -> JSONResponse:
+async def issue_token(request: Request, settings: SettingsDep) -> JSONResponse:
     if not settings.auth_enabled:
         raise InvalidInputError("authentication is disabled on this server (FASTPUBSUB_AUTH_ENABLED=false)")
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     body = await request.body()
     try:
         if content_type == "application/x-www-form-urlencoded":
-            return await _form_grant(request, body, database, settings)
+            return await _form_grant(request, body)
         if content_type in ("application/json", ""):
             try:
                 data = TokenRequest.model_validate_json(body or b"null")
@@ -144,16 +170,14 @@ async def issue_token(request: Request, database: DatabaseDep, settings: Setting
                 return error_response(422, validation_problems(exc.errors(include_url=False)))
             if data.grant_type is not None and data.grant_type != "client_credentials":
                 raise OAuthError(400, "unsupported_grant_type", _UNSUPPORTED_GRANT)
-            token = await _authenticate(
-                database, settings, str(data.client_id), data.client_secret, None, basic=False
-            )
+            token = await _authenticate(request, str(data.client_id), data.client_secret, None, basic=False)
             return JSONResponse(token.model_dump(), status_code=201, headers=_NO_STORE)
         raise OAuthError(415, "invalid_request", "send JSON or application/x-www-form-urlencoded")
     except OAuthError as exc:
         return _oauth_error(exc)
 
 
-async def _form_grant(request: Request, body: bytes, database: Any, settings: Settings) -> JSONResponse:
+async def _form_grant(request: Request, body: bytes) -> JSONResponse:
     try:
         form = parse_qs(body.decode("utf-8"), keep_blank_values=True, strict_parsing=bool(body))
     except (UnicodeDecodeError, ValueError) as exc:
@@ -176,7 +200,5 @@ async def _form_grant(request: Request, body: bytes, database: Any, settings: Se
         client_id, secret = fields["client_id"], fields["client_secret"]
     else:
         raise OAuthError(401, "invalid_client", "client credentials are required", basic=True)
-    token = await _authenticate(
-        database, settings, client_id, secret, fields.get("scope"), basic=basic is not None
-    )
+    token = await _authenticate(request, client_id, secret, fields.get("scope"), basic=basic is not None)
     return JSONResponse(token.model_dump(), status_code=200, headers=_NO_STORE)

@@ -37,12 +37,19 @@ def _out(s: Subscription) -> SubscriptionOut:
 
 
 @router.post(
-    "", status_code=201, summary="Create a subscription", responses=error_responses(401, 403, 404, 409, 422)
+    "",
+    status_code=201,
+    summary="Create a subscription",
+    description="Needs `subscriptions:create` (on its id) and `topics:subscribe` (on its topic): a "
+    "subscription reads everything published to its topic. Both are checked before anything else, so a "
+    "client without them learns nothing, not even whether the topic exists.",
+    responses=error_responses(401, 403, 404, 409, 422),
 )
 async def create_subscription(
     body: SubscriptionCreate, database: DatabaseDep, principal: PrincipalDep, settings: SettingsDep
 ) -> SubscriptionOut:
     principal.require("subscriptions:create", body.id)
+    principal.require("topics:subscribe", body.topic_id)
     subscription = await database.create_subscription(
         body.id,
         body.topic_id,
@@ -97,13 +104,14 @@ async def delete_subscription(
     "/{subscription_id}",
     summary="Change a subscription's filter or delivery policy",
     description='Send only the fields to change; `"filter": null` removes the filter. A new filter '
-    "applies to messages published afterwards.",
+    "applies to messages published afterwards. Needs `subscriptions:update` (`subscriptions:create` "
+    "no longer allows it).",
     responses=error_responses(401, 403, 404, 422),
 )
 async def update_subscription(
     subscription_id: SubscriptionId, body: SubscriptionUpdate, database: DatabaseDep, principal: PrincipalDep
 ) -> SubscriptionOut:
-    principal.require("subscriptions:create", subscription_id)
+    principal.require("subscriptions:update", subscription_id)
     subscription = await database.update_subscription(
         subscription_id,
         set_filter="filter" in body.model_fields_set,

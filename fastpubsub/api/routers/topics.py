@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request, Response
 from fastpubsub.api.deps import DatabaseDep, DeliveryDep, PrincipalDep
 from fastpubsub.api.errors import error_responses
 from fastpubsub.api.params import Limit, Offset, TopicId
-from fastpubsub.api.schemas import Page, PublishRequest, PublishResponse, TopicCreate, TopicOut
+from fastpubsub.api.schemas import Page, PublishResponse, TopicCreate, TopicOut
 
 router = APIRouter(prefix="/topics", tags=["topics"])
 
@@ -92,15 +92,17 @@ async def publish_messages(
     "before then (counted as `delayed` meanwhile). `priority` 0-9: higher first, publish order within a "
     "priority. `attributes`: strings returned with the message and usable in filters (`$attributes`). "
     "All messages are stored, or none.",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/PublishRequest"}}},
+        }
+    },
     responses=error_responses(401, 403, 404, 413, 422),
 )
 async def publish_with_options(
-    topic_id: TopicId,
-    body: PublishRequest,
-    deliveries: DeliveryDep,
-    principal: PrincipalDep,
+    topic_id: TopicId, request: Request, deliveries: DeliveryDep, principal: PrincipalDep
 ) -> PublishResponse:
     principal.require("topics:publish", topic_id)
-    envelopes = [message.model_dump(mode="json", exclude_none=True) for message in body.messages]
-    ids = await deliveries.publish_envelopes(topic_id, envelopes)
+    ids = await deliveries.publish_envelopes(topic_id, await request.body())
     return PublishResponse(message_ids=ids)
