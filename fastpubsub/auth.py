@@ -17,6 +17,7 @@ import jwt
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
+from fastpubsub.api.schemas import MAX_SCOPES, MAX_SCOPES_LENGTH
 from fastpubsub.exceptions import AuthenticationError, InvalidInputError, PermissionDeniedError
 from fastpubsub.settings import Settings
 
@@ -35,9 +36,6 @@ SCOPE_DESCRIPTIONS = {
         for action in actions
     },
 }
-# Limits on one client's scopes (they are all carried by each of its tokens).
-MAX_SCOPES = 128
-MAX_SCOPES_LENGTH = 4096
 _OBJECT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _ISSUER = "fastpubsub"
 

@@ -1,4 +1,8 @@
-"""Request and response bodies of the HTTP API."""
+"""Request and response bodies of the HTTP API.
+
+The SDK (fastpubsub.client) returns these models too, so this module imports
+nothing of the server: pydantic and fastpubsub.jsoncodec only.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +21,6 @@ from pydantic import (
 )
 
 from fastpubsub import jsoncodec
-from fastpubsub.auth import MAX_SCOPES, MAX_SCOPES_LENGTH
 
 T = TypeVar("T")
 
@@ -31,6 +34,10 @@ DEFAULT_BATCH_SIZE = 10
 MAX_WAIT_SECONDS = 30
 MAX_CONSUMER_ID_LENGTH = 200
 MAX_IDS = 1000
+
+# Limits on one client's scopes (they are all carried by each of its tokens).
+MAX_SCOPES = 128
+MAX_SCOPES_LENGTH = 4096
 
 # Attributes of an envelope publish.
 MAX_ATTRIBUTES = 64
