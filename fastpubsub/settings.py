@@ -6,6 +6,7 @@ configuration table (a test keeps the three in agreement).
 
 from __future__ import annotations
 
+import ipaddress
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -80,6 +81,17 @@ class Settings(BaseSettings):
     )
     max_request_bytes: int = Field(default=10485760, ge=1, description="Largest request body")
 
+    # Reaching a server: the data-plane commands (topics, subscriptions, publish, pull, dlq, tail)
+    api_url: str | None = Field(
+        default=None,
+        description="Server the data-plane commands talk to (empty: the running `fastpubsub dev`)",
+    )
+    api_token: str | None = Field(default=None, description="Bearer token those commands send")
+    api_client_id: str | None = Field(
+        default=None, description="Or client credentials: a token is fetched and renewed"
+    )
+    api_client_secret: str | None = Field(default=None, description="The secret of FASTPUBSUB_API_CLIENT_ID")
+
     # Authentication
     auth_enabled: bool = Field(default=False, description="Require OAuth2 bearer tokens")
     auth_secret_key: str | None = Field(default=None, description="JWT signing key (required with auth)")
@@ -108,7 +120,17 @@ class Settings(BaseSettings):
         description="PostgreSQL JDBC driver jar for Spark reports (found automatically if unset)",
     )
 
-    @field_validator("database_url", "auth_secret_key", "jdbc_jar", "embedded_pg_bin", mode="before")
+    @field_validator(
+        "database_url",
+        "auth_secret_key",
+        "jdbc_jar",
+        "embedded_pg_bin",
+        "api_url",
+        "api_token",
+        "api_client_id",
+        "api_client_secret",
+        mode="before",
+    )
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if isinstance(value, str) and not value.strip() else value
@@ -145,6 +167,17 @@ class Settings(BaseSettings):
     @property
     def cors_origins(self) -> list[str]:
         return [origin.strip() for origin in self.api_cors_origins.split(",") if origin.strip()]
+
+
+def is_loopback(host: str) -> bool:
+    """True for an address only this machine can reach: 127.0.0.0/8, ::1 or localhost."""
+    name = host.strip().removeprefix("[").removesuffix("]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False  # another name: it may resolve to anything
 
 
 @lru_cache(maxsize=1)
