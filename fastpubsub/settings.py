@@ -72,8 +72,11 @@ class Settings(BaseSettings):
 
     # API server
     api_debug: bool = Field(default=False, description="Debug mode (never in production)")
-    api_host: str = Field(default="0.0.0.0", description="Address the server binds")
-    api_port: int = Field(default=8000, ge=1, le=65535, description="Port the server binds")
+    api_host: str = Field(
+        default="0.0.0.0",
+        description="Address the server binds (dev: 127.0.0.1 unless set, loopback only without auth)",
+    )
+    api_port: int = Field(default=8000, ge=1, le=65535, description="Port the server (and dev) binds")
     api_num_workers: int = Field(default=2, ge=1, le=64, description="Gunicorn worker processes")
     api_cors_origins: str = Field(default="", description="Comma-separated origins allowed by CORS")
     max_message_bytes: int = Field(

@@ -344,26 +344,12 @@ class AsyncClient:
             timeouts=httpx.Timeout(self.connection.timeout, read=STREAM_READ_TIMEOUT),
         )
         try:
-            event = ""
-            data: list[str] = []
-            async for line in response.aiter_lines():
-                if line.startswith(":"):
-                    continue  # a comment: connected, keep-alive
-                if line:
-                    field, _, value = line.partition(":")
-                    value = value.removeprefix(" ")
-                    if field == "event":
-                        event = value
-                    elif field == "data":
-                        data.append(value)
-                    continue
-                text = "\n".join(data)
-                if event == "message" and text:
-                    yield parse_message(jsoncodec.loads(text)), len(text)
-                elif event == "error":
-                    detail = jsoncodec.loads(text).get("detail") if text.startswith("{") else text
+            async for event, data in sse_events(response.aiter_bytes()):
+                if event == b"message":
+                    yield parse_message(jsoncodec.loads(data)), len(data)
+                elif event == b"error":
+                    detail = jsoncodec.loads(data).get("detail") if data.startswith(b"{") else data.decode()
                     raise StreamEndedError(f"the server ended the stream: {detail}")
-                event, data = "", []
         finally:
             await response.aclose()
 
@@ -419,6 +405,29 @@ class AsyncClient:
     async def delete_client(self, client_id: UUID | str) -> None:
         """Delete an API client."""
         await self._json("DELETE", path("clients", client_id), idempotent=False)
+
+
+async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[tuple[bytes, bytes]]:
+    """Server-sent events from a byte stream: (event type, data) for each, comments left out."""
+    pending = b""
+    event = b""
+    data: list[bytes] = []
+    async for chunk in chunks:
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if not line:  # a blank line ends the event
+                if data:
+                    yield event or b"message", b"\n".join(data)
+                event, data = b"", []
+            elif not line.startswith(b":"):
+                field, _, value = line.partition(b":")
+                value = value[1:] if value.startswith(b" ") else value
+                if field == b"event":
+                    event = value
+                elif field == b"data":
+                    data.append(value)
 
 
 class StreamEndedError(Exception):

@@ -62,11 +62,12 @@ class Flow:
     def room(self) -> int:
         """How many more messages may come now: within max_messages, and within max_bytes at the
         average size so far (at least one while below it; 0 once either limit is reached)."""
-        if self.bytes >= self.max_bytes:
+        room = self.max_messages - self.messages
+        left = self.max_bytes - self.bytes
+        if room <= 0 or left <= 0:
             return 0
-        average = self._seen_bytes / self._seen if self._seen else self.FIRST_GUESS_BYTES
-        fit = max(int((self.max_bytes - self.bytes) / max(average, 1)), 1)
-        return max(min(self.max_messages - self.messages, fit), 0)
+        fit = left * self._seen // self._seen_bytes if self._seen_bytes else left // self.FIRST_GUESS_BYTES
+        return min(room, fit) if fit > 1 else 1
 
     async def wait_for_room(self) -> int:
         """Wait until more messages may come; how many."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from uuid import UUID
 
 import pytest
@@ -196,3 +197,25 @@ def _message(payload: dict[str, int], **options: object) -> object:
     from fastpubsub.client.aio import envelope
 
     return envelope(payload, **options)  # type: ignore[arg-type]
+
+
+async def test_server_sent_events_are_parsed_across_chunk_boundaries() -> None:
+    from fastpubsub.client.aio import sse_events
+
+    stream = (
+        b': connected\n\nevent: message\nid: 1\ndata: {"a":\n\nevent: mess',
+        b"age\r\ndata: line one\r\ndata: line two\r\n\r\n: keep-alive\n\n",
+        b'data: no event field\n\nevent: error\ndata: {"detail": "gone"}\n\nevent: message\ndata: cut',
+    )
+
+    async def chunks() -> Any:
+        for chunk in stream:
+            yield chunk
+
+    events = [event async for event in sse_events(chunks())]
+    assert events == [
+        (b"message", b'{"a":'),
+        (b"message", b"line one\nline two"),
+        (b"message", b"no event field"),
+        (b"error", b'{"detail": "gone"}'),
+    ]  # the last, unfinished event is not delivered
