@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import shutil
 import signal
@@ -289,7 +290,9 @@ def serve(settings: Settings, host: str, port: int, workers: int) -> None:
         "worker_class": "fastpubsub.api.worker.Worker",
         # Long-polls last up to 30 s: give requests room before a worker is recycled.
         "timeout": 90,
-        "graceful_timeout": 35,
+        # On stop, workers end long-polls and streams at once and give other
+        # requests FASTPUBSUB_API_GRACEFUL_SECONDS; the master waits a little longer.
+        "graceful_timeout": math.ceil(settings.api_graceful_seconds) + 5,
         "keepalive": 75,
         "loglevel": settings.log_level,
         "accesslog": None,

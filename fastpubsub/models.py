@@ -37,6 +37,7 @@ class Message:
     created_at: datetime
     attributes: dict[str, str] | None = None
     priority: int = 0
+    receipt: str | None = None  # names this lease; None outside one (the DLQ)
 
 
 @dataclass(frozen=True, slots=True)

@@ -83,6 +83,37 @@ class Settings(BaseSettings):
         default=262144, ge=1, description="Largest message (serialised JSON: payload and attributes together)"
     )
     max_request_bytes: int = Field(default=10485760, ge=1, description="Largest request body")
+    api_graceful_seconds: float = Field(
+        default=10,
+        ge=0,
+        le=300,
+        description="On stop, how long requests in flight may take to finish "
+        "(long-polls and streams end at once)",
+    )
+
+    # Throughput and wake-ups
+    group_commit_in_flight: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="Publish (and ack/nack) transactions a server process writes at once; requests arriving "
+        "meanwhile share the next one",
+    )
+    group_commit_max_batch: int = Field(
+        default=256, ge=1, le=10000, description="Most requests one group-commit transaction takes"
+    )
+    notify_interval_ms: float = Field(
+        default=2,
+        ge=0,
+        le=1000,
+        description="Shortest gap between two notifications a server process sends to the others",
+    )
+    stream_outage_seconds: float = Field(
+        default=120,
+        ge=0,
+        le=86400,
+        description="How long a stream stays open while the database is unreachable",
+    )
 
     # Reaching a server: the data-plane commands (topics, subscriptions, publish, pull, dlq, tail)
     api_url: str | None = Field(

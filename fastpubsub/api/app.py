@@ -16,12 +16,14 @@ from prometheus_fastapi_instrumentator import metrics as prometheus_metrics
 
 from fastpubsub import __version__
 from fastpubsub.api import docs, errors
+from fastpubsub.api.delivery import Delivery
 from fastpubsub.api.deps import ClientStateCache
 from fastpubsub.api.fastpath import FastPath
 from fastpubsub.api.metrics import MetricsExporter, use_remembering_instrumentator
 from fastpubsub.api.middleware import BodyLimit, RequestContext
 from fastpubsub.api.routers import clients, health, messages, oauth, subscriptions, topics
-from fastpubsub.db import Database, NotificationListener
+from fastpubsub.api.wakeups import RUNNING_HUBS, WakeHub
+from fastpubsub.db import Database
 from fastpubsub.exceptions import ConfigurationError
 from fastpubsub.logs import configure_logging
 from fastpubsub.settings import Settings, get_settings
@@ -63,17 +65,30 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
         pool_pre_ping=settings.database_pool_pre_ping,
         echo=settings.database_echo,
         statement_timeout_ms=settings.database_statement_timeout_ms,
+        notify=False,  # this process wakes consumers itself, after the commit (api/wakeups.py)
     )
-    listener = NotificationListener(db.url, on_reconnect=db.discard_idle_connections)
+    hub = WakeHub(db, notify_interval=settings.notify_interval_ms / 1000)
+    delivery = Delivery(
+        db,
+        hub,
+        max_message_bytes=settings.max_message_bytes,
+        batches_in_flight=settings.group_commit_in_flight,
+        max_batch=settings.group_commit_max_batch,
+        stream_outage_seconds=settings.stream_outage_seconds,
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await listener.start()
+        await hub.start()
+        RUNNING_HUBS.add(hub)
         log.info("fastpubsub API ready", extra={"auth_enabled": settings.auth_enabled})
         try:
             yield
         finally:
-            await listener.stop()
+            RUNNING_HUBS.discard(hub)
+            await hub.stop()
+            await delivery.publishes.drain()
+            await delivery.settlements.drain()
             if owns_database:
                 await db.close()
 
@@ -90,7 +105,8 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
     )
     app.state.settings = settings
     app.state.database = db
-    app.state.listener = listener
+    app.state.hub = hub
+    app.state.delivery = delivery
     app.state.client_cache = ClientStateCache(ttl=settings.auth_client_cache_seconds)
     # HTTP metrics go to a registry of this application's own, so that several
     # applications in one process (the tests) each count their requests.

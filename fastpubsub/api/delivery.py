@@ -1,18 +1,25 @@
 """The delivery paths: publish, consume (with long-poll), ack, nack, lease extension and streams.
 
-The routes (api/routers) and the hot-path middleware (api/fastpath.py) both
-call these, so each behaviour lives here once. Messages reach consumers as
-PostgreSQL renders them (fastpubsub._message_json, documented by
-schemas.MessageOut): Python never re-encodes a payload on the way out.
+The routes (api/routers) and the fast path (api/fastpath.py) both call one
+`Delivery` per application, so each behaviour lives here once:
+
+* publishes and settlements (ack, nack, lease extension) go through group
+  commit (api/batching.py): concurrent requests share a transaction;
+* after the commit, the wake-up hub (api/wakeups.py) wakes this process's
+  waiting consumers and tells the other processes, outside the transaction;
+* messages reach consumers as PostgreSQL renders them
+  (fastpubsub._message_json, documented by schemas.MessageOut): Python never
+  re-encodes a payload on the way out.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import math
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -21,24 +28,31 @@ from starlette.requests import Request
 from starlette.types import Receive
 
 from fastpubsub import jsoncodec
+from fastpubsub.api.batching import GroupCommit
 from fastpubsub.api.metrics import ACKED, CONSUMED, DEAD_LETTERED, NACKED, PUBLISHED
 from fastpubsub.api.schemas import MAX_BATCH_SIZE
-from fastpubsub.db import Database, NotificationListener
-from fastpubsub.exceptions import FastPubSubError, InvalidInputError, PayloadTooLargeError
+from fastpubsub.api.wakeups import WakeHub
+from fastpubsub.db import Database
+from fastpubsub.exceptions import (
+    DatabaseUnavailableError,
+    FastPubSubError,
+    InvalidInputError,
+    PayloadTooLargeError,
+    StatementTimeoutError,
+)
 
 log = logging.getLogger(__name__)
 
-# Long-polls re-check at least this often while the notification listener is
-# disconnected (it cannot wake them then).
-DEGRADED_RECHECK_SECONDS = 1.0
-# Waking for a due time: this much after it (so that it has passed in the
-# database too), and, when "due now" keeps leading to nothing, at most this
-# rarely (see DuePacing).
-DUE_SLACK_SECONDS = 0.005
-MAX_DUE_FLOOR_SECONDS = 1.0
-
-
-# -- publish -------------------------------------------------------------------------
+# Streams send a keep-alive comment after this long without writing anything,
+# so that proxies keep them open.
+KEEPALIVE_SECONDS = 15.0
+# A full stream (max_in_flight messages out) asks the database which of its
+# leases are still held at least this often, in case an ack elsewhere went unheard.
+FULL_RECHECK_SECONDS = 1.0
+# While the database is unreachable a stream stays open, retrying this often
+# (doubling up to the maximum), and gives up after the outage limit.
+OUTAGE_RETRY_SECONDS = 0.25
+MAX_OUTAGE_RETRY_SECONDS = 2.0
 
 
 def check_message_sizes(body: bytes, max_message_bytes: int) -> None:
@@ -59,131 +73,289 @@ def check_message_sizes(body: bytes, max_message_bytes: int) -> None:
                 )
 
 
-async def publish(database: Database, topic_id: str, body: bytes, max_message_bytes: int) -> list[UUID]:
-    """Publish a request body (a JSON array of objects) as it came; returns the message ids."""
-    check_message_sizes(body, max_message_bytes)
-    # The body goes to PostgreSQL as it came: the database parses and checks it
-    # once (an array of objects, or nothing is stored).
+def receipt_message_id(receipt: str) -> UUID | None:
+    """The message a lease receipt is for (None: not a receipt). See fastpubsub._receipt."""
+    if len(receipt) != 32:
+        return None
     try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidInputError("the body must be UTF-8 encoded JSON") from exc
-    ids = await database.publish(topic_id, text)
-    PUBLISHED.labels(topic_id).inc(len(ids))
-    return ids
+        return UUID(bytes=base64.urlsafe_b64decode(receipt)[:16])
+    except ValueError:
+        return None
 
 
-async def publish_envelopes(
-    database: Database, topic_id: str, envelopes: list[dict[str, Any]], max_message_bytes: int
-) -> list[UUID]:
-    """Publish envelopes (validated by the caller); each message's payload and attributes count."""
-    for index, envelope in enumerate(envelopes):
-        attributes = envelope.get("attributes")
-        size = len(jsoncodec.dumps(envelope["payload"])) + (
-            len(jsoncodec.dumps(attributes)) if attributes else 0
-        )
-        if size > max_message_bytes:
-            raise PayloadTooLargeError(
-                f"message at index {index} is {size} bytes, above the limit of {max_message_bytes}; "
-                "nothing was published"
+class Delivery:
+    """Publish, consume, settle and stream for one application (one server process)."""
+
+    def __init__(
+        self,
+        database: Database,
+        hub: WakeHub,
+        *,
+        max_message_bytes: int,
+        batches_in_flight: int = 2,
+        max_batch: int = 256,
+        stream_outage_seconds: float = 120.0,
+    ) -> None:
+        self.database = database
+        self.hub = hub
+        self.max_message_bytes = max_message_bytes
+        self.stream_outage_seconds = stream_outage_seconds
+        self.publishes: GroupCommit[tuple[str, str, bool], tuple[list[UUID], list[str], list[int]]] = (
+            GroupCommit(
+                database.publish_batch, max_in_flight=batches_in_flight, max_batch=max_batch, name="publish"
             )
-    ids = await database.publish_envelopes(topic_id, envelopes)
-    PUBLISHED.labels(topic_id).inc(len(ids))
-    return ids
-
-
-# -- consume and long-poll ---------------------------------------------------------------
-
-
-async def consume_page(
-    database: Database,
-    listener: NotificationListener,
-    subscription_id: str,
-    consumer_id: str,
-    batch_size: int,
-    wait_seconds: float,
-    receive: Receive | None = None,
-) -> bytes:
-    """Lease (waiting up to wait_seconds when there is nothing) and return the response body.
-
-    `receive` is the request's: a long-poll watches it, so as to stop when the client goes away.
-    """
-    if wait_seconds > 0:
-        leased, data = await consume_waiting(
-            database, listener, subscription_id, consumer_id, batch_size, wait_seconds, receive
         )
-    else:
-        leased, data, _ = await database.consume_json(subscription_id, consumer_id, batch_size)
-    if leased:
-        CONSUMED.labels(subscription_id).inc(leased)
-    return b'{"data":' + data.encode() + b"}"
+        self.settlements: GroupCommit[dict[str, Any], dict[str, Any]] = GroupCommit(
+            database.settle_batch, max_in_flight=batches_in_flight, max_batch=max_batch, name="settle"
+        )
+
+    # -- publish ----------------------------------------------------------------------------
+
+    async def publish(self, topic_id: str, body: bytes) -> list[UUID]:
+        """Publish a request body (a JSON array of objects) as it came; returns the message ids."""
+        check_message_sizes(body, self.max_message_bytes)
+        # The body goes to PostgreSQL as it came: the database parses and checks it
+        # once (an array of objects, or nothing is stored).
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidInputError("the body must be UTF-8 encoded JSON") from exc
+        return await self._publish(topic_id, text, envelopes=False)
+
+    async def publish_envelopes(self, topic_id: str, envelopes: list[dict[str, Any]]) -> list[UUID]:
+        """Publish envelopes (validated by the caller); each message's payload and attributes count."""
+        for index, envelope in enumerate(envelopes):
+            attributes = envelope.get("attributes")
+            size = len(jsoncodec.dumps(envelope["payload"])) + (
+                len(jsoncodec.dumps(attributes)) if attributes else 0
+            )
+            if size > self.max_message_bytes:
+                raise PayloadTooLargeError(
+                    f"message at index {index} is {size} bytes, above the limit of {self.max_message_bytes}; "
+                    "nothing was published"
+                )
+        return await self._publish(topic_id, jsoncodec.dumps_text(envelopes), envelopes=True)
+
+    async def _publish(self, topic_id: str, text: str, *, envelopes: bool) -> list[UUID]:
+        ids, woken, counts = await self.publishes.submit((topic_id, text, envelopes))
+        self.hub.published(woken, counts)
+        PUBLISHED.labels(topic_id).inc(len(ids))
+        return ids
+
+    # -- consume and long-poll ----------------------------------------------------------------
+
+    async def consume_page(
+        self,
+        subscription_id: str,
+        consumer_id: str,
+        batch_size: int,
+        wait_seconds: float,
+        receive: Receive | None = None,
+    ) -> bytes:
+        """Lease (waiting up to wait_seconds when there is nothing) and return the response body.
+
+        `receive` is the request's: a long-poll watches it, so as to stop when the client goes away.
+        """
+        if wait_seconds > 0:
+            leased, data = await self._consume_waiting(
+                subscription_id, consumer_id, batch_size, wait_seconds, receive
+            )
+        else:
+            leased, data, _ = await self.database.consume_json(subscription_id, consumer_id, batch_size)
+        if leased:
+            CONSUMED.labels(subscription_id).inc(leased)
+        return b'{"data":' + data.encode() + b"}"
+
+    async def _consume_waiting(
+        self,
+        subscription_id: str,
+        consumer_id: str,
+        batch_size: int,
+        wait_seconds: float,
+        receive: Receive | None,
+    ) -> tuple[int, str]:
+        """Lease messages; with nothing to lease, wait (up to wait_seconds) until the hub says to look.
+
+        The waiter is registered before the first look, so news that lands in
+        between still wakes it. When the wait ends it looks once more before
+        answering empty; once the client has gone (watched through `receive`) or
+        the server is stopping, it answers at once and leases nothing more.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_seconds
+        hub = self.hub
+        with (
+            hub.waiter(subscription_id, batch_size) as waiter,
+            _client_watch(receive, waiter.event) as gone,
+        ):
+            while True:
+                waiter.event.clear()
+                if gone.is_set() or hub.stopping.is_set():
+                    return 0, "[]"
+                leased, data, due = await self.database.consume_json(subscription_id, consumer_id, batch_size)
+                if leased:
+                    hub.note_leased(subscription_id)
+                    if leased >= batch_size:
+                        hub.pass_on(subscription_id, waiter)  # there may be more
+                    return leased, data
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return 0, data
+                hub.note_due(subscription_id, due)
+                await wait_for(waiter.event, remaining)
+                # Whatever ended the wait (news, a due time, the deadline, the
+                # client leaving), look again: the last look comes after the deadline.
+
+    # -- settling -----------------------------------------------------------------------------------
+
+    async def settle(
+        self,
+        subscription_id: str,
+        action: str,
+        *,
+        ids: Sequence[UUID | str] | None = None,
+        receipts: Sequence[str] | None = None,
+        seconds: int | None = None,
+        requeue: bool = True,
+    ) -> dict[str, Any]:
+        """Ack, nack or extend leases by id or by receipt; the result _settle_batch gives for it.
+
+        `{"done": n, "dead": n, "ready": n, "streaming": bool, "outcomes": [...] | None}`.
+        """
+        request: dict[str, Any] = {"subscription": subscription_id, "action": action}
+        if receipts is not None:
+            request["receipts"] = list(receipts)
+            settled: list[UUID | str] = [m for m in map(receipt_message_id, receipts) if m is not None]
+        else:
+            request["ids"] = [str(message_id) for message_id in ids or ()]
+            settled = list(ids or ())
+        if seconds is not None:
+            request["seconds"] = seconds
+        if not requeue:
+            request["requeue"] = False
+        result = await self.settlements.submit(request)
+        done, dead, ready = result["done"], result["dead"], result["ready"]
+        if action == "ack":
+            ACKED.labels(subscription_id).inc(done)
+        elif action == "nack":
+            NACKED.labels(subscription_id).inc(done)
+            DEAD_LETTERED.labels(subscription_id).inc(dead)
+        if done:
+            self.hub.settled(subscription_id, settled, done, result["streaming"])
+            if ready or (action == "nack" and done > dead):
+                self.hub.made_ready(subscription_id, ready)  # 0: a retry is due later
+        return result
+
+    async def ack(self, subscription_id: str, ids: Sequence[UUID | str]) -> None:
+        if ids:
+            await self.settle(subscription_id, "ack", ids=ids)
+
+    async def extend_leases(self, subscription_id: str, ids: Sequence[UUID], seconds: int) -> None:
+        await self.settle(subscription_id, "extend", ids=ids, seconds=seconds)
+
+    # -- streams ------------------------------------------------------------------------------------
+
+    async def stream_events(
+        self,
+        request: Request,
+        subscription_id: str,
+        consumer_id: str,
+        max_in_flight: int,
+        lease_seconds: float,
+    ) -> AsyncIterator[bytes]:
+        """Server-sent events: one leased message per event, at most max_in_flight unacked.
+
+        Credit-based: the stream leases as many messages as it has room for,
+        sends them in one write, and refills as soon as this process settles
+        one of them, another process says it settled messages of the
+        subscription, or a lease runs out (`lease_seconds`, the ack deadline).
+        With room it waits in the hub's queue like a long-poll. A keep-alive
+        comment goes out after KEEPALIVE_SECONDS without anything written. While
+        the database is unreachable the stream stays open (keep-alives go on)
+        and resumes when it is back, up to the outage limit. When the client
+        goes away its leases run out normally; when the server stops, the
+        stream ends.
+        """
+        loop = asyncio.get_running_loop()
+        hub = self.hub
+        held: dict[UUID, float] = {}  # messages out, and when (loop time) their leases end
+        written = loop.time()
+        checked = 0.0  # when the database last said which leases are still held
+        outage_since: float | None = None
+        retry = OUTAGE_RETRY_SECONDS
+        yield b": connected\n\n"
+        with hub.stream(subscription_id), hub.waiter(subscription_id, max_in_flight, held) as waiter:
+            while not hub.stopping.is_set():
+                waiter.event.clear()
+                now = loop.time()
+                for message_id in [m for m, ends in held.items() if ends <= now]:
+                    del held[message_id]  # its lease ran out: room again (it may come back)
+                timeout = math.inf
+                try:
+                    if (
+                        held
+                        and (waiter.recheck or now - checked >= FULL_RECHECK_SECONDS)
+                        and len(held) >= max_in_flight
+                    ):
+                        waiter.recheck = False
+                        checked = now
+                        leases = await self.database.leases_held(subscription_id, consumer_id, held)
+                        for message_id in [m for m in held if m not in leases]:
+                            del held[message_id]
+                    room = max_in_flight - len(held)
+                    waiter.demand = room
+                    if room > 0:
+                        events, due = await self.database.consume_events(
+                            subscription_id, consumer_id, min(room, MAX_BATCH_SIZE)
+                        )
+                        if events:
+                            hub.note_leased(subscription_id)
+                            if len(events) >= min(room, MAX_BATCH_SIZE):
+                                hub.pass_on(subscription_id, waiter)
+                            CONSUMED.labels(subscription_id).inc(len(events))
+                            ends = loop.time() + lease_seconds
+                            for message_id, _ in events:
+                                held[message_id] = ends
+                            yield b"".join(sse_event(message_id, data) for message_id, data in events)
+                            written = loop.time()
+                            continue
+                        hub.note_due(subscription_id, due)
+                    else:
+                        earliest = min(held.values()) - loop.time() + 0.005
+                        timeout = min(max(earliest, 0), FULL_RECHECK_SECONDS)
+                    outage_since, retry = None, OUTAGE_RETRY_SECONDS
+                except (DatabaseUnavailableError, StatementTimeoutError) as exc:
+                    # Keep the client: the database is away, not the messages.
+                    if outage_since is None:
+                        outage_since = loop.time()
+                        log.warning("stream of %s waits for the database: %s", subscription_id, exc)
+                    if loop.time() - outage_since > self.stream_outage_seconds:
+                        yield _error_event(
+                            f"the database has been unavailable for over {self.stream_outage_seconds:g} s"
+                        )
+                        return
+                    timeout, retry = retry, min(retry * 2, MAX_OUTAGE_RETRY_SECONDS)
+                except FastPubSubError as exc:
+                    # Headers are gone already: say what happened in the stream and end it.
+                    log.warning("stream of %s ended: %s", subscription_id, exc)
+                    yield _error_event(exc.message)
+                    return
+                timeout = min(timeout, written + KEEPALIVE_SECONDS - loop.time())
+                await wait_for(waiter.event, timeout)
+                if loop.time() >= written + KEEPALIVE_SECONDS:
+                    yield b": keep-alive\n\n"
+                    written = loop.time()
+                if await request.is_disconnected():
+                    return
 
 
-async def consume_waiting(
-    database: Database,
-    listener: NotificationListener,
-    subscription_id: str,
-    consumer_id: str,
-    batch_size: int,
-    wait_seconds: float,
-    receive: Receive | None = None,
-) -> tuple[int, str]:
-    """Lease messages; with nothing to lease, wait (up to wait_seconds) until something may be.
-
-    Returns how many were leased and the JSON array of them. The waiter is
-    registered before each consume, so a publish that lands in between still
-    wakes it. Besides notifications, it wakes when the next retry, delayed
-    message or lease end is due (next_due, read again after every wake-up)
-    and, while the listener is disconnected, every second. When the wait ends
-    it looks once more before answering empty. With `receive`, it watches the
-    client too: once the client has gone, nothing more is leased to it.
-    """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait_seconds
-    pacing = DuePacing()
-    with listener.waiter(subscription_id) as woken, _client_watch(receive, woken) as gone:
-        while True:
-            woken.clear()
-            if gone.is_set():
-                return 0, "[]"
-            leased, data, due = await database.consume_json(subscription_id, consumer_id, batch_size)
-            remaining = deadline - loop.time()
-            if leased or remaining <= 0:
-                return leased, data
-            timeout = min(remaining, pacing.timeout(due))
-            if not listener.connected.is_set():
-                timeout = min(timeout, DEGRADED_RECHECK_SECONDS)
-            pacing.woken_by_notification = await wait_for(woken, timeout)
-            # Whatever ended the wait (a notification, a due time, the deadline,
-            # the client leaving), look again: the last look comes after the deadline.
+def sse_event(message_id: UUID | str, data: str) -> bytes:
+    """One `message` event of a stream: the message's JSON as PostgreSQL rendered it."""
+    return b"event: message\nid: %s\ndata: %s\n\n" % (str(message_id).encode(), data.encode())
 
 
-class DuePacing:
-    """How long to wait for next_due, without spinning when "due now" leads to nothing.
-
-    next_due counts retries and leases that anyone's consume may take, and says
-    0 when one is due already. When a consume right after finds nothing (a
-    competing consumer took it, or the stream is full), waking again at once
-    would spin: each such wake-up doubles the floor (up to a second), until a
-    consume succeeds or a notification comes.
-    """
-
-    def __init__(self) -> None:
-        self.floor = DUE_SLACK_SECONDS
-        self.woken_by_notification = False
-
-    def timeout(self, due: float | None) -> float:
-        if due is None:
-            return math.inf
-        if self.woken_by_notification:
-            self.floor = DUE_SLACK_SECONDS
-        timeout = max(due + DUE_SLACK_SECONDS, self.floor)
-        if due <= self.floor:
-            self.floor = min(self.floor * 2, MAX_DUE_FLOOR_SECONDS)
-        return timeout
-
-    def reset(self) -> None:
-        self.floor = DUE_SLACK_SECONDS
+def _error_event(detail: str) -> bytes:
+    return b"event: error\ndata: %s\n\n" % orjson.dumps({"detail": detail})
 
 
 async def wait_for(event: asyncio.Event, seconds: float) -> bool:
@@ -220,158 +392,3 @@ def _client_watch(receive: Receive | None, woken: asyncio.Event) -> Iterator[asy
         yield gone
     finally:
         task.cancel()
-
-
-# -- settling ---------------------------------------------------------------------------------
-
-
-async def ack(database: Database, subscription_id: str, ids: Sequence[UUID | str]) -> None:
-    if ids:
-        ACKED.labels(subscription_id).inc(await database.ack(subscription_id, ids))
-        SETTLEMENTS.settled(subscription_id, ids)
-
-
-async def nack(database: Database, subscription_id: str, ids: Sequence[UUID | str]) -> None:
-    if ids:
-        result = await database.nack(subscription_id, ids)
-        NACKED.labels(subscription_id).inc(result.nacked)
-        DEAD_LETTERED.labels(subscription_id).inc(result.dead_lettered)
-        SETTLEMENTS.settled(subscription_id, ids)
-
-
-async def extend_leases(database: Database, subscription_id: str, ids: Sequence[UUID], seconds: int) -> None:
-    await database.extend_lease(subscription_id, ids, seconds)
-    SETTLEMENTS.settled(subscription_id, ids)  # a stream's lease ends at another time now
-
-
-class LocalSettlements:
-    """Wakes this process's full streams when this process acks, nacks or re-leases one of their messages."""
-
-    def __init__(self) -> None:
-        self._streams: dict[str, list[tuple[dict[UUID, float], asyncio.Event]]] = {}
-
-    @contextlib.contextmanager
-    def watch(self, subscription_id: str, held: dict[UUID, float], event: asyncio.Event) -> Iterator[None]:
-        """Set `event` when one of the ids in `held` (kept current by the caller) is settled."""
-        entry = (held, event)
-        streams = self._streams.setdefault(subscription_id, [])
-        streams.append(entry)
-        try:
-            yield
-        finally:
-            streams.remove(entry)
-            if not streams:
-                self._streams.pop(subscription_id, None)
-
-    def settled(self, subscription_id: str, ids: Iterable[UUID | str]) -> None:
-        streams = self._streams.get(subscription_id)
-        if not streams:  # the usual case: one dictionary lookup
-            return
-        settled = set()
-        for message_id in ids:
-            with contextlib.suppress(ValueError):
-                settled.add(message_id if isinstance(message_id, UUID) else UUID(message_id))
-        for held, event in streams:
-            if not settled.isdisjoint(held):
-                event.set()
-
-
-SETTLEMENTS = LocalSettlements()
-
-
-# -- streams ----------------------------------------------------------------------------------
-
-# Streams send a keep-alive comment after this long without writing anything,
-# so that proxies keep them open.
-KEEPALIVE_SECONDS = 15.0
-# A stream with max_in_flight messages unacked waits for room: its own
-# earliest lease to end, an ack or nack of its subscription in any server
-# process (a `settled:` notification while the stream is registered, see
-# touch_stream), an ack, nack or lease change of one of its messages in this
-# process (LocalSettlements), and at least this often in case one was missed.
-FULL_RECHECK_SECONDS = 1.0
-# Streams register (touch_stream) so that acks and nacks of their
-# subscription notify, and renew that well within its 60 s lifetime.
-TOUCH_SECONDS = 30.0
-
-
-def sse_event(message_id: UUID | str, data: str) -> bytes:
-    """One `message` event of a stream: the message's JSON as PostgreSQL rendered it."""
-    return b"event: message\nid: %s\ndata: %s\n\n" % (str(message_id).encode(), data.encode())
-
-
-async def stream_events(
-    request: Request,
-    database: Database,
-    listener: NotificationListener,
-    subscription_id: str,
-    consumer_id: str,
-    max_in_flight: int,
-) -> AsyncIterator[bytes]:
-    """Server-sent events: one leased message per event, at most max_in_flight unacked.
-
-    With room for more, it wakes on notifications (new messages) and when a
-    retry, a delayed message or a lease becomes due. With max_in_flight
-    messages out, none of that can make room, so it waits for its own
-    messages: the earliest of their leases to end, a notification (acks and
-    nacks of the subscription notify while a stream is registered), an ack,
-    nack or lease change of one of them in this process, and a recheck every
-    FULL_RECHECK_SECONDS. A keep-alive comment goes out after
-    KEEPALIVE_SECONDS without anything written. Leases still held when the
-    client goes away expire normally.
-    """
-    loop = asyncio.get_running_loop()
-    held: dict[UUID, float] = {}  # messages out, and when (loop time) their leases end
-    written = touched = loop.time()
-    pacing = DuePacing()
-    yield b": connected\n\n"
-    try:
-        with (
-            listener.waiter(subscription_id) as woken,
-            listener.waiter(f"settled:{subscription_id}") as settled,
-            SETTLEMENTS.watch(subscription_id, held, settled),
-        ):
-            while True:
-                woken.clear()
-                settled.clear()
-                if loop.time() - touched >= TOUCH_SECONDS:
-                    await database.touch_stream(subscription_id)
-                    touched = loop.time()
-                if held:
-                    leases = await database.leases_held(subscription_id, consumer_id, held)
-                    now = loop.time()
-                    held.clear()
-                    held.update({message_id: now + left for message_id, left in leases.items()})
-                room = max_in_flight - len(held)
-                if room > 0:
-                    events = await database.consume_events(
-                        subscription_id, consumer_id, min(room, MAX_BATCH_SIZE)
-                    )
-                    if events:
-                        pacing.reset()
-                        CONSUMED.labels(subscription_id).inc(len(events))
-                        for message_id, data in events:
-                            held[message_id] = math.inf  # until leases_held says
-                            yield sse_event(message_id, data)
-                        written = loop.time()
-                        continue
-                    # retries and delayed messages due, and leases (anyone's) running out
-                    timeout = pacing.timeout(await database.next_due(subscription_id))
-                    if not listener.connected.is_set():
-                        timeout = min(timeout, DEGRADED_RECHECK_SECONDS)
-                    wake = woken
-                else:
-                    earliest = min(held.values()) - loop.time() + DUE_SLACK_SECONDS
-                    timeout = min(max(earliest, 0), FULL_RECHECK_SECONDS)
-                    wake = settled
-                timeout = min(timeout, written + KEEPALIVE_SECONDS - loop.time())
-                pacing.woken_by_notification = await wait_for(wake, timeout) and wake is woken
-                if loop.time() >= written + KEEPALIVE_SECONDS:
-                    yield b": keep-alive\n\n"
-                    written = loop.time()
-                if await request.is_disconnected():
-                    return
-    except FastPubSubError as exc:
-        # Headers are gone already: say what happened in the stream and end it.
-        log.warning("stream of %s ended: %s", subscription_id, exc)
-        yield b"event: error\ndata: %s\n\n" % orjson.dumps({"detail": exc.message})

@@ -1,4 +1,4 @@
-"""Shared dependencies: the database, the listener, settings and the calling client."""
+"""Shared dependencies: the database, the delivery paths, settings and the calling client."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from fastapi.openapi.models import OAuthFlowClientCredentials, OAuthFlows
 from fastapi.security import OAuth2
 
 from fastpubsub import auth
-from fastpubsub.db import Database, NotificationListener
+from fastpubsub.api.delivery import Delivery
+from fastpubsub.db import Database
 from fastpubsub.exceptions import AuthenticationError, PermissionDeniedError
 from fastpubsub.settings import Settings
 
@@ -84,14 +85,14 @@ async def get_database(request: Request) -> Database:
     return database
 
 
-async def get_listener(request: Request) -> NotificationListener:
-    listener: NotificationListener = request.app.state.listener
-    return listener
+async def get_delivery(request: Request) -> Delivery:
+    delivery: Delivery = request.app.state.delivery
+    return delivery
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 DatabaseDep = Annotated[Database, Depends(get_database)]
-ListenerDep = Annotated[NotificationListener, Depends(get_listener)]
+DeliveryDep = Annotated[Delivery, Depends(get_delivery)]
 
 _EVERYTHING = Principal(client_id=None, scopes=frozenset({auth.ADMIN_SCOPE}))
 

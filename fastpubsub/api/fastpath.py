@@ -25,7 +25,7 @@ import orjson
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fastpubsub.api import delivery, errors
+from fastpubsub.api import errors
 from fastpubsub.api.deps import get_principal
 from fastpubsub.api.schemas import (
     DEFAULT_BATCH_SIZE,
@@ -87,9 +87,7 @@ class FastPath:
         state = request.app.state
         try:
             await self._authorize(request, subscription_id)
-            body = await delivery.consume_page(
-                state.database,
-                state.listener,
+            body = await state.delivery.consume_page(
                 subscription_id,
                 consumer_id,
                 int(batch),
@@ -132,7 +130,7 @@ class FastPath:
         request = Request(scope, receive)
         try:
             await self._authorize(request, subscription_id)
-            await delivery.ack(request.app.state.database, subscription_id, ids)
+            await request.app.state.delivery.ack(subscription_id, ids)
         except Exception as exc:
             await (await errors.response_for(request, exc))(scope, receive, send)
             return
@@ -155,7 +153,7 @@ class FastPath:
             if message is not None:  # the client went away before the body was complete
                 return
             state = request.app.state
-            await delivery.publish(state.database, topic_id, body, state.settings.max_message_bytes)
+            await state.delivery.publish(topic_id, body)
         except Exception as exc:
             await (await errors.response_for(request, exc))(scope, receive, send)
             return

@@ -229,9 +229,59 @@ class SeekResult(BaseModel):
     acked: int = Field(description="Pending messages published before the time, now counted as acked")
 
 
+Receipt = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+Receipts = Annotated[
+    list[Receipt],
+    Field(
+        min_length=1,
+        max_length=MAX_IDS,
+        description="Receipts of the leases to settle (each message's `receipt` as consumed)",
+    ),
+]
+
+
 class LeaseExtension(Body):
-    ids: MessageIds
+    """By message id (any current lease of the message), or by receipt (only that lease)."""
+
+    ids: MessageIds | None = Field(default=None, description="Message ids (give ids or receipts)")
+    receipts: Receipts | None = None
     seconds: int = Field(ge=0, le=3600, description="New lease length from now; 0 releases the messages")
+
+    @model_validator(mode="after")
+    def _ids_or_receipts(self) -> LeaseExtension:
+        if (self.ids is None) == (self.receipts is None):
+            raise ValueError("give either ids or receipts")
+        return self
+
+
+class ReceiptList(Body):
+    """Settle by receipt: only the leases these receipts name, with an outcome for each."""
+
+    receipts: Receipts
+
+
+class Failed(BaseModel):
+    receipt: str
+    reason: Literal["lease not held", "invalid receipt"] = Field(
+        description="`lease not held`: it ran out, was settled already, or another consumer holds the "
+        "message now; `invalid receipt`: not a receipt"
+    )
+
+
+class AckResults(BaseModel):
+    acknowledged: list[str] = Field(description="Receipts whose messages are acknowledged")
+    failed: list[Failed]
+
+
+class NackResults(BaseModel):
+    nacked: list[str] = Field(description="Receipts whose messages will be delivered again after backoff")
+    dead_lettered: list[str] = Field(description="Receipts whose messages went to the DLQ")
+    failed: list[Failed]
+
+
+class LeaseResults(BaseModel):
+    extended: list[str] = Field(description="Receipts whose leases moved (or ended, with seconds 0)")
+    failed: list[Failed]
 
 
 class MetricsOut(BaseModel):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import logging
+import math
 import multiprocessing
 import os
 import socket
@@ -28,6 +29,9 @@ from gunicorn.arbiter import Arbiter
 from uvicorn.config import Config
 from uvicorn.server import Server
 from uvicorn_worker import UvicornWorker
+
+from fastpubsub.api.wakeups import begin_stopping_everywhere
+from fastpubsub.settings import get_settings
 
 logger = logging.getLogger("fastpubsub.server")
 
@@ -96,6 +100,7 @@ class SharingServer(Server):
         self._yields: dict[int, int] = {}
         self._starting: set[asyncio.Task[object]] = set()
         self._slot: int | None = None
+        self._parent = os.getppid()
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         # Run uvicorn's start-up (lifespan, state) without letting it create servers.
@@ -109,6 +114,12 @@ class SharingServer(Server):
 
     async def on_tick(self, counter: int) -> bool:
         self._publish_load()  # connections also close: keep the table current
+        if os.getppid() != self._parent and not self.should_exit:
+            # The master is gone (killed, crashed): nobody supervises this worker
+            # any more, and it holds the port a new server needs. Stop, as
+            # gunicorn's own workers do.
+            logger.warning("the server's main process went away: this worker stops")
+            self.should_exit = True
         return await super().on_tick(counter)
 
     def _publish_load(self, extra: int = 0) -> int:
@@ -166,6 +177,9 @@ class SharingServer(Server):
         asyncio.get_running_loop().add_reader(listener.fileno(), self._accept_one, listener)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # Long-polls answer with what they have and streams end now, so that the
+        # connections close; requests in flight get timeout_graceful_shutdown.
+        begin_stopping_everywhere()
         loop = asyncio.get_running_loop()
         for handle in self._rearm.values():
             handle.cancel()
@@ -180,6 +194,7 @@ class SharingServer(Server):
 class Worker(UvicornWorker):  # type: ignore[misc]  # uvicorn-worker has no type information
     async def _serve(self) -> None:
         self.config.app = self.wsgi
+        self.config.timeout_graceful_shutdown = math.ceil(get_settings().api_graceful_seconds)
         server = SharingServer(config=self.config)
         self._install_sigquit_handler()
         await server.serve(sockets=self.sockets)

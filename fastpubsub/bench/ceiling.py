@@ -1,10 +1,12 @@
 """The SQL ceiling: the server's own statements with no HTTP in between.
 
 A ceiling request does what the server does for the matching HTTP request, and
-nothing else: publish sends the batch as one JSON text to the server's `publish`
-query and reads back the ids; consume runs `consume_json` (PostgreSQL renders
-the page, the client reads the ids out of it as an HTTP client does) and ack
-sends the ids back as one array literal through the server's `uuid_array`. The query
+nothing else: publish sends the body as one JSON text to the server's
+`publish_batch` query (as a batch of one request: group commit only joins
+concurrent requests, which the ceiling clients, one statement at a time each,
+never are) and reads back the ids; consume runs `consume_json` (PostgreSQL
+renders the page, the client reads the ids out of it as an HTTP client does)
+and ack sends the ids back through the server's `settle_batch`. The query
 text comes from fastpubsub.sql.source.driver_queries(), every statement goes
 through a cursor as in Database._rows, on a connection opened with the server's
 options (autocommit, so each call is one round trip; psycopg prepares it after
@@ -37,11 +39,10 @@ import orjson
 import psycopg
 from psycopg.rows import namedtuple_row
 
-from fastpubsub.db.queries import uuid_array
 from fastpubsub.sql.source import driver_queries
 
-# The session settings fastpubsub.db.Database gives its connections.
-SERVER_OPTIONS = "-c TimeZone=UTC -c statement_timeout=30000"
+# The session settings fastpubsub.db.Database gives the server's connections.
+SERVER_OPTIONS = "-c TimeZone=UTC -c statement_timeout=30000 -c fastpubsub.notify=off"
 
 
 @dataclass(frozen=True)
@@ -70,15 +71,15 @@ class Outcome:
 
 
 def _publish(job: Job, conn: psycopg.Connection[Any], counter: Any, slot: int) -> tuple[int, list[str]]:
-    sql = driver_queries()["publish"]
-    params = {"topic_id": job.target, "payloads": job.body}
+    sql = driver_queries()["publish_batch"]
+    params = {"topics": [job.target], "bodies": [job.body], "envelopes": [False]}
     stop = time.monotonic() + job.seconds
     total = 0
     while time.monotonic() < stop:
         cursor = conn.cursor(row_factory=namedtuple_row)
         cursor.execute(sql, params)
         row: Any = cursor.fetchall()[0]
-        published = len(list(row.ids))
+        published = len(row.ids)
         total += published
         counter[slot] += published
     return total, []
@@ -86,7 +87,7 @@ def _publish(job: Job, conn: psycopg.Connection[Any], counter: Any, slot: int) -
 
 def _consume(job: Job, conn: psycopg.Connection[Any], counter: Any, slot: int) -> tuple[int, list[str]]:
     queries = driver_queries()
-    consume, ack = queries["consume_json"], queries["ack"]
+    consume, settle = queries["consume_json"], queries["settle_batch"]
     params = {"subscription_id": job.target, "consumer_id": job.consumer, "batch_size": job.batch}
     received: list[str] = []
     stop = time.monotonic() + job.seconds
@@ -98,7 +99,8 @@ def _consume(job: Job, conn: psycopg.Connection[Any], counter: Any, slot: int) -
             break
         ids = [message["id"] for message in orjson.loads(page.data)]
         cursor = conn.cursor(row_factory=namedtuple_row)
-        cursor.execute(ack, {"subscription_id": job.target, "ids": uuid_array(ids)})
+        request = [{"subscription": job.target, "action": "ack", "ids": ids}]
+        cursor.execute(settle, {"requests": orjson.dumps(request).decode()})
         cursor.fetchall()
         received += ids
         counter[slot] += len(ids)

@@ -25,7 +25,6 @@ from psycopg.rows import dict_row
 
 from fastpubsub.bench import ceiling
 from fastpubsub.bench.client import Connection
-from fastpubsub.db.queries import uuid_array
 from fastpubsub.sql.source import driver_queries
 
 Progress = Callable[[int], None]
@@ -487,7 +486,9 @@ def wal_per_message(
 
         def publish(count: int) -> None:
             for _ in range(count // batch):
-                conn.execute(queries["publish"], {"topic_id": topic, "payloads": body})
+                conn.execute(
+                    queries["publish_batch"], {"topics": [topic], "bodies": [body], "envelopes": [False]}
+                )
 
         def consume(count: int) -> list[list[str]]:
             pages = []
@@ -499,7 +500,8 @@ def wal_per_message(
 
         def ack(pages: list[list[str]]) -> None:
             for ids in pages:
-                conn.execute(queries["ack"], {"subscription_id": subscription, "ids": uuid_array(ids)})
+                request = [{"subscription": subscription, "action": "ack", "ids": ids}]
+                conn.execute(queries["settle_batch"], {"requests": orjson.dumps(request).decode()})
 
         with autovacuum_paused(conn) if throwaway else contextlib.nullcontext():
             # Without the privilege to checkpoint, a timed checkpoint may fall in the measurement.

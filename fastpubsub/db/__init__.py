@@ -4,7 +4,7 @@
 * `errors` — driver errors as fastpubsub errors (API, CLI and report share it);
 * `pool` — connections kept checked out between statements;
 * `queries` — `Database`: one method per named query of sql/queries.sql;
-* `listener` — one LISTEN connection per process, waking waiting consumers.
+* `listener` — one LISTEN connection per process (api/wakeups.py wakes consumers with it).
 """
 
 from fastpubsub.db.listener import NotificationListener

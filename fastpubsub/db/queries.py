@@ -80,9 +80,14 @@ class Database:
         statement_timeout_ms: int = 30000,
         application_name: str = "fastpubsub",
         pool_timeout: float = 10.0,
+        notify: bool = True,
     ) -> None:
+        """`notify=False`: the stored functions send no NOTIFY from these sessions (fastpubsub.notify
+        = off); the caller wakes consumers itself (the server does, see api/wakeups.py)."""
         self.url = sync_url(url)
         options = f"-c TimeZone=UTC -c statement_timeout={statement_timeout_ms}"
+        if not notify:
+            options += " -c fastpubsub.notify=off"
         self.engine: AsyncEngine = create_async_engine(
             self.url,
             isolation_level="AUTOCOMMIT",
@@ -239,6 +244,27 @@ class Database:
         await self._rows("delete_subscription", id=subscription_id)
 
     # -- messages ------------------------------------------------------------
+    async def publish_batch(
+        self, requests: Sequence[tuple[str, str, bool]]
+    ) -> list[tuple[list[UUID], list[str], list[int]]]:
+        """Several publishes in one transaction: (topic, JSON body, envelopes) each.
+
+        For each, in order: the message ids, and the subscriptions fed with how
+        many messages each can deliver now. All are committed, or none is.
+        """
+        rows = await self._rows(
+            "publish_batch",
+            topics=[request[0] for request in requests],
+            bodies=[request[1] for request in requests],
+            envelopes=[request[2] for request in requests],
+        )
+        return [(list(row.ids), list(row.woken), list(row.woken_counts)) for row in rows]
+
+    async def settle_batch(self, requests: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Several acks, nacks and lease extensions in one transaction (see _settle_batch)."""
+        rows = await self._rows("settle_batch", requests=jsoncodec.dumps_text(list(requests)))
+        return [dict(row.result) for row in rows]
+
     async def publish(self, topic_id: str, payloads: Any) -> list[UUID]:
         """Publish a JSON array of objects (raw JSON text or Python objects); returns ids in order."""
         row = await self._one("publish", topic_id=topic_id, payloads=_json(payloads))
@@ -274,12 +300,17 @@ class Database:
 
     async def consume_events(
         self, subscription_id: str, consumer_id: str, batch_size: int = 10
-    ) -> list[tuple[UUID, str]]:
-        """Lease messages, each with its JSON rendering (what a stream sends as one event)."""
+    ) -> tuple[list[tuple[UUID, str]], float | None]:
+        """Lease messages, each with its JSON (what a stream sends as one event), and next_due.
+
+        next_due (as in consume_json) only when nothing was leased.
+        """
         rows = await self._rows(
             "consume_events", subscription_id=subscription_id, consumer_id=consumer_id, batch_size=batch_size
         )
-        return [(row.id, row.data) for row in rows]
+        events = [(row.id, row.data) for row in rows if row.id is not None]
+        due = rows[0].due if rows and rows[0].id is None else None
+        return events, None if due is None else float(due)
 
     async def ack(self, subscription_id: str, ids: Iterable[UUID | str]) -> int:
         row = await self._one("ack", subscription_id=subscription_id, ids=uuid_array(ids))

@@ -182,7 +182,7 @@ BEGIN
     GET DIAGNOSTICS acked = ROW_COUNT;
 
     IF replayed > 0 THEN
-        PERFORM fastpubsub._notify(ARRAY[s.id]);
+        PERFORM fastpubsub._notify(ARRAY[s.id], ARRAY[replayed]);
     END IF;
 END
 $$;

@@ -9,7 +9,7 @@ CREATE OR REPLACE FUNCTION fastpubsub.publish_v2(p_topic_id text, p_messages jso
 RETURNS uuid[]
 LANGUAGE sql VOLATILE
 AS $$
-    SELECT fastpubsub._publish(p_topic_id, p_messages, p_envelopes)
+    SELECT (fastpubsub._publish(p_topic_id, p_messages, p_envelopes, 0)).ids
 $$;
 
 -- (release 0.1: revision 0004) Lease messages; use consume.
@@ -17,7 +17,8 @@ CREATE OR REPLACE FUNCTION fastpubsub.consume_v2(p_subscription_id text, p_consu
 RETURNS TABLE(id uuid, payload jsonb, attributes jsonb, priority smallint, attempts integer, created_at timestamptz)
 LANGUAGE sql VOLATILE
 AS $$
-    SELECT * FROM fastpubsub.consume(p_subscription_id, p_consumer_id, p_batch_size)
+    SELECT c.id, c.payload, c.attributes, c.priority, c.attempts, c.created_at
+    FROM fastpubsub.consume(p_subscription_id, p_consumer_id, p_batch_size) AS c
 $$;
 
 -- (release 0.1: revision 0004) End stuck leases; use cleanup_stuck.

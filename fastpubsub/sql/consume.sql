@@ -76,8 +76,10 @@ $$;
 --    holds, including leases that ran out (a failed attempt; dead-lettered
 --    when none is left, which does not fill the batch).
 -- Rows other consumers are leasing right now are skipped, never waited for.
+-- Each row carries the receipt of its lease (see _receipt).
 CREATE OR REPLACE FUNCTION fastpubsub.consume(p_subscription_id text, p_consumer_id text, p_batch_size integer)
-RETURNS TABLE(id uuid, payload jsonb, attributes jsonb, priority smallint, attempts integer, created_at timestamptz)
+RETURNS TABLE(id uuid, payload jsonb, attributes jsonb, priority smallint, attempts integer, created_at timestamptz,
+              receipt text)
 LANGUAGE plpgsql
 SET enable_sort = off
 SET enable_bitmapscan = off
@@ -170,7 +172,8 @@ BEGIN
     END IF;
 
     RETURN QUERY
-        SELECT m.id, m.payload, m.attributes, m.priority, x.attempts, m.created_at
+        SELECT m.id, m.payload, m.attributes, m.priority, x.attempts, m.created_at,
+               fastpubsub._receipt(m.id, v_now)
         FROM unnest(v_ids, v_attempts) WITH ORDINALITY AS x(message_id, attempts, ord)
         CROSS JOIN LATERAL (
             -- LIMIT keeps this a lookup per row.

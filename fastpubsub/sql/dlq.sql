@@ -48,7 +48,7 @@ BEGIN
     WHERE d.subscription_key = s.key AND d.message_id = ANY (p_ids) AND d.status = 'dlq';
     GET DIAGNOSTICS n = ROW_COUNT;
     IF n > 0 THEN
-        PERFORM fastpubsub._notify(ARRAY[s.id]);
+        PERFORM fastpubsub._notify(ARRAY[s.id], ARRAY[n]);
     END IF;
     RETURN n;
 END

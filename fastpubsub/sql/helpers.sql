@@ -39,10 +39,11 @@ $$;
 -- A message as consumers receive it: the one definition of its JSON shape,
 -- used by consume, streams and the DLQ listing (api/schemas.py MessageOut
 -- documents it). Times are UTC with microseconds. PostgreSQL renders any
--- depth of nesting the payload was stored with.
+-- depth of nesting the payload was stored with. `receipt` names this
+-- delivery's lease (NULL outside a lease, as in the DLQ).
 CREATE OR REPLACE FUNCTION fastpubsub._message_json(
     p_id uuid, p_subscription_id text, p_payload jsonb, p_attempts integer, p_created_at timestamptz,
-    p_attributes jsonb, p_priority smallint)
+    p_attributes jsonb, p_priority smallint, p_receipt text)
 RETURNS json
 LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
@@ -53,7 +54,46 @@ AS $$
         'delivery_attempts', p_attempts,
         'created_at', to_char(p_created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
         'attributes', p_attributes,
-        'priority', p_priority)
+        'priority', p_priority,
+        'receipt', p_receipt)
+$$;
+
+-- Microseconds since the Unix epoch: how receipts name the time a lease was taken.
+CREATE OR REPLACE FUNCTION fastpubsub._micros(p_time timestamptz)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT (extract(epoch FROM p_time) * 1000000)::bigint
+$$;
+
+-- A lease receipt: the message id and the time its lease was taken, 24 bytes
+-- in URL-safe base64 (32 characters). Each lease of a delivery gets a new
+-- receipt; settling with a receipt acts only on that lease, so a consumer
+-- cannot settle a lease someone else took after its own ran out.
+CREATE OR REPLACE FUNCTION fastpubsub._receipt(p_id uuid, p_leased_at timestamptz)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT translate(encode(uuid_send(p_id) || int8send(fastpubsub._micros(p_leased_at)), 'base64'), '+/', '-_')
+$$;
+
+-- The lease a receipt names: its message and when the lease was taken
+-- (NULLs for anything that is not a receipt).
+CREATE OR REPLACE FUNCTION fastpubsub._receipt_lease(
+    p_receipt text, OUT message_id uuid, OUT leased_micros bigint)
+RETURNS record
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+DECLARE
+    v_bytes bytea;
+BEGIN
+    IF p_receipt IS NULL OR p_receipt !~ '^[A-Za-z0-9_-]{32}$' THEN
+        RETURN;
+    END IF;
+    v_bytes := decode(translate(p_receipt, '-_', '+/'), 'base64');
+    message_id := encode(substring(v_bytes FROM 1 FOR 16), 'hex')::uuid;
+    leased_micros := ('x' || encode(substring(v_bytes FROM 17 FOR 8), 'hex'))::bit(64)::bigint;
+END
 $$;
 
 -- The subscription row, or FP404.
@@ -88,20 +128,32 @@ BEGIN
 END
 $$;
 
--- Wake long-poll and streaming consumers of these subscriptions (one
--- notification on the `fastpubsub` channel naming them).
-CREATE OR REPLACE FUNCTION fastpubsub._notify(p_subscription_ids text[])
+-- Wake long-poll and streaming consumers: one notification on the
+-- `fastpubsub` channel, sent when the transaction commits, naming each
+-- subscription with how many messages it can now deliver (`orders=3`; 0 when
+-- only a due time changed; `settled:orders=2` for acks and nacks that may
+-- make room in a full stream).
+--
+-- The server's own sessions set fastpubsub.notify = off: they wake this
+-- process's waiters after the commit and tell other processes with one
+-- coalesced notification outside the data transaction, because notifying
+-- transactions commit one at a time on a global lock. Sessions of
+-- applications publishing inside their own transactions keep notifying.
+CREATE OR REPLACE FUNCTION fastpubsub._notify(p_names text[], p_counts integer[])
 RETURNS void
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_payload text := array_to_string(p_subscription_ids, ' ');
+    v_payload text;
 BEGIN
-    IF v_payload IS NULL OR v_payload = '' THEN
+    IF cardinality(p_names) IS NULL OR cardinality(p_names) = 0
+       OR current_setting('fastpubsub.notify', true) = 'off' THEN
         RETURN;
     END IF;
+    SELECT string_agg(n.name || '=' || coalesce(n.count, 0), ' ') INTO v_payload
+    FROM unnest(p_names, p_counts) AS n(name, count);
     IF octet_length(v_payload) > 7000 THEN
-        v_payload := '*';  -- too many to list: wake everyone
+        v_payload := '*';  -- too many to list: every waiter looks for itself
     END IF;
     PERFORM pg_notify('fastpubsub', v_payload);
 END

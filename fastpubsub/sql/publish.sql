@@ -1,6 +1,6 @@
 -- Publishing: the entry points applications may call inside their own
--- transactions (publish, publish_envelopes) and the one implementation behind
--- them.
+-- transactions (publish, publish_envelopes), the one implementation behind
+-- them, and the batch the server commits several requests with.
 
 -- What is wrong with one envelope (NULL: nothing), naming its index.
 CREATE OR REPLACE FUNCTION fastpubsub._envelope_problem(p_message jsonb, p_index bigint)
@@ -70,11 +70,16 @@ $$;
 -- topic whose filter accepts it, all in this transaction, or nothing at all.
 -- p_envelopes: each element is {payload, attributes, idempotency_key,
 -- delay_seconds | deliver_at, priority}; otherwise each element is a payload.
--- Returns the message ids in order; a repeated idempotency key gives the
--- original id and stores nothing new. Subscriptions that got deliverable
--- messages are notified.
-CREATE OR REPLACE FUNCTION fastpubsub._publish(p_topic_id text, p_messages jsonb, p_envelopes boolean)
-RETURNS uuid[]
+-- p_offset shifts the time steps of the ids, so that several publishes in one
+-- transaction keep their order by id (see _publish_batch).
+-- Returns the message ids in order (a repeated idempotency key gives the
+-- original id and stores nothing new), and the subscriptions the messages
+-- were routed to with how many are deliverable now (0: delayed ones only).
+-- Those subscriptions are notified (_notify) unless the session said not to.
+CREATE OR REPLACE FUNCTION fastpubsub._publish(
+    p_topic_id text, p_messages jsonb, p_envelopes boolean, p_offset bigint,
+    OUT ids uuid[], OUT woken text[], OUT woken_counts integer[])
+RETURNS record
 LANGUAGE plpgsql
 AS $$
 DECLARE
@@ -84,8 +89,6 @@ DECLARE
     v_ids uuid[];
     v_keys text[];
     v_store boolean[];
-    v_final uuid[];
-    v_woken text[];
 BEGIN
     SELECT key INTO v_topic_key FROM fastpubsub.topics WHERE id = p_topic_id;
     IF NOT FOUND THEN
@@ -112,11 +115,11 @@ BEGIN
     PERFORM fastpubsub._lock_topic(v_topic_key, false);
     PERFORM pg_current_xact_id();  -- before drawing queue numbers (see _advance_watermark)
 
-    SELECT array_agg(fastpubsub._message_id(v_now, e.ord - 1) ORDER BY e.ord),
+    SELECT array_agg(fastpubsub._message_id(v_now, p_offset + e.ord - 1) ORDER BY e.ord),
            array_agg(CASE WHEN p_envelopes THEN e.value ->> 'idempotency_key' END ORDER BY e.ord)
     INTO v_ids, v_keys
     FROM jsonb_array_elements(p_messages) WITH ORDINALITY AS e(value, ord);
-    v_final := v_ids;
+    ids := v_ids;
     v_store := array_fill(true, ARRAY[cardinality(v_ids)]);
 
     IF EXISTS (SELECT 1 FROM unnest(v_keys) AS k WHERE k IS NOT NULL) THEN
@@ -137,7 +140,7 @@ BEGIN
         -- Every keyed message takes the id its key stands for (a new statement,
         -- so keys committed by a concurrent publish are visible).
         SELECT array_agg(coalesce(k.message_id, x.id) ORDER BY x.ord)
-        INTO v_final
+        INTO ids
         FROM unnest(v_keys, v_ids) WITH ORDINALITY AS x(key, id, ord)
         LEFT JOIN fastpubsub.idempotency_keys AS k ON k.topic_key = v_topic_key AND k.key = x.key;
     END IF;
@@ -179,10 +182,37 @@ BEGIN
                r.priority
         FROM (SELECT * FROM routes ORDER BY subscription_key, id) AS r
     )
-    SELECT array_agg(DISTINCT r.subscription_id) INTO v_woken FROM routes AS r;
+    SELECT coalesce(array_agg(w.subscription_id ORDER BY w.subscription_id), '{}'),
+           coalesce(array_agg(w.ready ORDER BY w.subscription_id), '{}')
+    INTO woken, woken_counts
+    FROM (SELECT r.subscription_id, count(*) FILTER (WHERE r.visible_at <= v_now)::integer AS ready
+          FROM routes AS r GROUP BY r.subscription_id) AS w;
 
-    PERFORM fastpubsub._notify(v_woken);
-    RETURN v_final;
+    PERFORM fastpubsub._notify(woken, woken_counts);
+END
+$$;
+
+-- Several publishes in one transaction (group commit): request i publishes
+-- p_messages[i] (JSON text) to p_topics[i], as envelopes when p_envelopes[i],
+-- as _publish does, in order; one row per request in the same order. Either
+-- all of them are committed or none is: a caller that gets an error retries
+-- the requests one at a time to find whose it was.
+CREATE OR REPLACE FUNCTION fastpubsub._publish_batch(p_topics text[], p_messages text[], p_envelopes boolean[])
+RETURNS TABLE(ids uuid[], woken text[], woken_counts integer[])
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_offset bigint := 0;
+    v_published record;
+BEGIN
+    FOR i IN 1 .. coalesce(cardinality(p_topics), 0) LOOP
+        v_published := fastpubsub._publish(p_topics[i], p_messages[i]::jsonb, p_envelopes[i], v_offset);
+        ids := v_published.ids;
+        woken := v_published.woken;
+        woken_counts := v_published.woken_counts;
+        v_offset := v_offset + cardinality(ids);
+        RETURN NEXT;
+    END LOOP;
 END
 $$;
 
@@ -191,7 +221,7 @@ CREATE OR REPLACE FUNCTION fastpubsub.publish(p_topic_id text, p_payloads jsonb)
 RETURNS uuid[]
 LANGUAGE sql VOLATILE
 AS $$
-    SELECT fastpubsub._publish(p_topic_id, p_payloads, false)
+    SELECT (fastpubsub._publish(p_topic_id, p_payloads, false, 0)).ids
 $$;
 
 -- Publish envelopes with options:
@@ -201,5 +231,5 @@ CREATE OR REPLACE FUNCTION fastpubsub.publish_envelopes(p_topic_id text, p_envel
 RETURNS uuid[]
 LANGUAGE sql VOLATILE
 AS $$
-    SELECT fastpubsub._publish(p_topic_id, p_envelopes, true)
+    SELECT (fastpubsub._publish(p_topic_id, p_envelopes, true, 0)).ids
 $$;

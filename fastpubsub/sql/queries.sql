@@ -63,6 +63,21 @@ SELECT fastpubsub.touch_stream(:subscription_id)
 -- delete_subscription --
 SELECT fastpubsub.delete_subscription(:id)
 
+-- publish_batch --
+-- Several publish requests in one transaction (group commit): one row per
+-- request, in order (topics, JSON bodies and envelope flags as arrays).
+SELECT ids, woken, woken_counts
+FROM fastpubsub._publish_batch(CAST(:topics AS text[]), CAST(:bodies AS text[]), CAST(:envelopes AS boolean[]))
+
+-- settle_batch --
+-- Several acks, nacks and lease extensions in one transaction (group commit).
+SELECT result FROM fastpubsub._settle_batch(CAST(:requests AS jsonb))
+
+-- notify --
+-- Wake consumers in other server processes (a coalesced notification, sent
+-- outside any data transaction).
+SELECT pg_notify('fastpubsub', :payload)
+
 -- publish --
 SELECT fastpubsub.publish(:topic_id, CAST(:payloads AS jsonb)) AS ids
 
@@ -70,17 +85,24 @@ SELECT fastpubsub.publish(:topic_id, CAST(:payloads AS jsonb)) AS ids
 SELECT fastpubsub.publish_envelopes(:topic_id, CAST(:messages AS jsonb)) AS ids
 
 -- consume --
-SELECT id, payload, attempts, created_at, attributes, priority
+SELECT id, payload, attempts, created_at, attributes, priority, receipt
 FROM fastpubsub.consume(:subscription_id, :consumer_id, :batch_size)
 
 -- consume_events --
 -- One row per leased message: its id and its JSON (as consume_json renders it),
--- for streams, which send one event per message.
-SELECT c.id, fastpubsub._message_json(
-           c.id, :subscription_id, c.payload, c.attempts, c.created_at, c.attributes, c.priority)::text AS data
-FROM fastpubsub.consume(:subscription_id, :consumer_id, :batch_size) WITH ORDINALITY
-    AS c(id, payload, attributes, priority, attempts, created_at, ord)
-ORDER BY c.ord
+-- for streams, which send one event per message; when nothing was leased, one
+-- row with no message and next_due instead (one round trip per look).
+WITH c AS MATERIALIZED (
+    SELECT c.id, c.ord, fastpubsub._message_json(
+               c.id, :subscription_id, c.payload, c.attempts, c.created_at, c.attributes, c.priority, c.receipt
+           )::text AS data
+    FROM fastpubsub.consume(:subscription_id, :consumer_id, :batch_size) WITH ORDINALITY
+        AS c(id, payload, attributes, priority, attempts, created_at, receipt, ord)
+)
+SELECT c.id, c.data, NULL::double precision AS due, c.ord FROM c
+UNION ALL
+SELECT NULL, NULL, fastpubsub.next_due(:subscription_id), 0 WHERE NOT EXISTS (SELECT 1 FROM c)
+ORDER BY 4
 
 -- consume_json --
 -- The same as consume, rendered as the API's JSON array by PostgreSQL itself:
@@ -94,10 +116,10 @@ SELECT c.leased, c.data, CASE WHEN c.leased = 0 THEN fastpubsub.next_due(:subscr
 FROM (
     SELECT count(*) AS leased,
            coalesce(json_agg(fastpubsub._message_json(
-               c.id, :subscription_id, c.payload, c.attempts, c.created_at, c.attributes, c.priority)
+               c.id, :subscription_id, c.payload, c.attempts, c.created_at, c.attributes, c.priority, c.receipt)
                ORDER BY c.ord), '[]')::text AS data
     FROM fastpubsub.consume(:subscription_id, :consumer_id, :batch_size) WITH ORDINALITY
-        AS c(id, payload, attributes, priority, attempts, created_at, ord)
+        AS c(id, payload, attributes, priority, attempts, created_at, receipt, ord)
 ) AS c
 
 -- ack --
@@ -116,7 +138,7 @@ FROM fastpubsub.list_dlq(:subscription_id, :offset, :limit)
 -- list_dlq_json --
 -- The dead letters as the API's JSON array (the shape consume_json renders).
 SELECT coalesce(json_agg(fastpubsub._message_json(
-           d.id, :subscription_id, d.payload, d.attempts, d.created_at, d.attributes, d.priority)
+           d.id, :subscription_id, d.payload, d.attempts, d.created_at, d.attributes, d.priority, NULL)
            ORDER BY d.ord), '[]')::text AS data
 FROM fastpubsub.list_dlq(:subscription_id, :offset, :limit) WITH ORDINALITY
     AS d(id, payload, attributes, priority, attempts, created_at, ord)

@@ -2,12 +2,131 @@
 --
 -- Each acts only on current leases of the subscription (a lease that has run
 -- out is no longer the consumer's: it may already be someone else's) and
--- ignores other ids. Rows are reached one primary-key probe per id (_held),
--- whatever the statistics say: with statistics that call the subscription
--- small (a new table), the planner would rather read all of it.
+-- ignores other ids. By message id (ack, nack, extend_lease: what seed clients
+-- send) any current lease of the message counts; by receipt (ack_receipts,
+-- nack_receipts, extend_lease_receipts) only the lease the receipt was handed
+-- out with, and each receipt gets its own outcome (the API and the group
+-- commit use _settle_batch, which does any of them). Rows are reached one
+-- primary-key probe per id (_held, _held_leases), whatever the statistics say:
+-- with statistics that call the subscription small (a new table), the planner
+-- would rather read all of it. The _*_rows functions do the work for both.
 
--- Acknowledge: the rows move to acked_deliveries. Returns how many were acked.
--- While a stream is registered, `settled:<subscription>` wakes it.
+-- The current leases these receipts name, as row ids (one probe per receipt).
+CREATE OR REPLACE FUNCTION fastpubsub._held_leases(p_subscription_key integer, p_receipts text[])
+RETURNS tid[]
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN (
+        SELECT coalesce(array_agg(h.row_id), '{}')
+        FROM unnest(p_receipts) AS r(receipt)
+        CROSS JOIN LATERAL fastpubsub._receipt_lease(r.receipt) AS l
+        CROSS JOIN LATERAL (
+            SELECT d.ctid AS row_id FROM fastpubsub.deliveries AS d
+            WHERE d.subscription_key = p_subscription_key AND d.message_id = l.message_id
+              AND d.lease_until > now() AND fastpubsub._micros(d.leased_at) = l.leased_micros
+            LIMIT 1
+        ) AS h);
+END
+$$;
+
+-- Acknowledge the leased rows at p_rows: they move to acked_deliveries.
+-- Returns their message ids. A registered stream hears `settled:<subscription>`.
+CREATE OR REPLACE FUNCTION fastpubsub._ack_rows(s fastpubsub.subscriptions, p_rows tid[])
+RETURNS uuid[]
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_done uuid[];
+BEGIN
+    WITH gone AS (
+        DELETE FROM fastpubsub.deliveries AS d
+        WHERE d.ctid = ANY (p_rows) AND d.lease_until > now()
+        RETURNING d.message_id, d.attempts
+    ), kept AS (
+        INSERT INTO fastpubsub.acked_deliveries (acked_at, message_id, subscription_key, attempts)
+        SELECT now(), gone.message_id, s.key, gone.attempts FROM gone
+        RETURNING message_id
+    )
+    SELECT coalesce(array_agg(kept.message_id), '{}') INTO v_done FROM kept;
+    IF cardinality(v_done) > 0 AND s.streaming_until > now() THEN
+        PERFORM fastpubsub._notify(ARRAY['settled:' || s.id], ARRAY[cardinality(v_done)]);
+    END IF;
+    RETURN v_done;
+END
+$$;
+
+-- Give the leased rows at p_rows back: they return after the subscription's
+-- backoff of min(backoff_max, backoff_min * 2^(attempts-1)) seconds, or go to
+-- the DLQ once max_delivery_attempts is used up, or at once when p_requeue is
+-- false. Returns the message ids given back, those dead-lettered, and how many
+-- are deliverable again at once (backoff 0). Waiting
+-- consumers hear of messages back in the queue now (or of a new due time); a
+-- registered stream also hears `settled:<subscription>`.
+CREATE OR REPLACE FUNCTION fastpubsub._nack_rows(
+    s fastpubsub.subscriptions, p_rows tid[], p_requeue boolean,
+    OUT done uuid[], OUT dead uuid[], OUT ready integer)
+RETURNS record
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    WITH changed AS (
+        UPDATE fastpubsub.deliveries AS d
+        SET status = CASE WHEN d.attempts >= s.max_delivery_attempts OR NOT p_requeue
+                          THEN 'dlq' ELSE 'scheduled' END::fastpubsub.delivery_status,
+            visible_at = CASE WHEN d.attempts >= s.max_delivery_attempts OR NOT p_requeue THEN now()
+                              ELSE now() + make_interval(secs => least(
+                                  s.backoff_max_seconds::double precision,
+                                  s.backoff_min_seconds * power(2::double precision, greatest(d.attempts, 1) - 1)))
+                         END,
+            lease_until = NULL,
+            leased_at = NULL,
+            consumer_id = NULL
+        WHERE d.ctid = ANY (p_rows) AND d.lease_until > now()
+        RETURNING d.message_id, d.status, d.visible_at
+    )
+    SELECT coalesce(array_agg(c.message_id), '{}'),
+           coalesce(array_agg(c.message_id) FILTER (WHERE c.status = 'dlq'), '{}'),
+           count(*) FILTER (WHERE c.status = 'scheduled' AND c.visible_at <= now())
+    INTO done, dead, ready
+    FROM changed AS c;
+    IF cardinality(done) > 0 THEN
+        PERFORM fastpubsub._notify(
+            array_remove(ARRAY[CASE WHEN cardinality(done) > cardinality(dead) THEN s.id END,
+                               CASE WHEN s.streaming_until > now() THEN 'settled:' || s.id END], NULL),
+            array_remove(ARRAY[CASE WHEN cardinality(done) > cardinality(dead) THEN ready END,
+                               CASE WHEN s.streaming_until > now() THEN cardinality(done) END], NULL));
+    END IF;
+END
+$$;
+
+-- Move the deadline of the leased rows at p_rows to now + p_seconds (0 ends
+-- the lease: the message is deliverable again at once). Returns their ids.
+CREATE OR REPLACE FUNCTION fastpubsub._extend_rows(s fastpubsub.subscriptions, p_rows tid[], p_seconds integer)
+RETURNS uuid[]
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_done uuid[];
+BEGIN
+    IF p_seconds IS NULL OR p_seconds < 0 OR p_seconds > 3600 THEN
+        RAISE EXCEPTION 'lease seconds must be between 0 and 3600' USING ERRCODE = 'FP422';
+    END IF;
+    WITH moved AS (
+        UPDATE fastpubsub.deliveries AS d
+        SET lease_until = now() + make_interval(secs => p_seconds)
+        WHERE d.ctid = ANY (p_rows) AND d.lease_until > now()
+        RETURNING d.message_id
+    )
+    SELECT coalesce(array_agg(moved.message_id), '{}') INTO v_done FROM moved;
+    IF p_seconds = 0 AND cardinality(v_done) > 0 THEN
+        PERFORM fastpubsub._notify(ARRAY[s.id], ARRAY[cardinality(v_done)]);
+    END IF;
+    RETURN v_done;
+END
+$$;
+
+-- Acknowledge leased messages; other ids are ignored. Returns how many were acked.
 CREATE OR REPLACE FUNCTION fastpubsub.ack(p_subscription_id text, p_ids uuid[])
 RETURNS integer
 LANGUAGE plpgsql
@@ -18,29 +137,15 @@ SET enable_mergejoin = off
 AS $$
 DECLARE
     s fastpubsub.subscriptions := fastpubsub._subscription(p_subscription_id);
-    n integer;
 BEGIN
-    WITH gone AS (
-        DELETE FROM fastpubsub.deliveries AS d
-        WHERE d.ctid = ANY (fastpubsub._held(s.key, p_ids)) AND d.lease_until > now()
-        RETURNING d.message_id, d.attempts
-    )
-    INSERT INTO fastpubsub.acked_deliveries (acked_at, message_id, subscription_key, attempts)
-    SELECT now(), gone.message_id, s.key, gone.attempts FROM gone;
-    GET DIAGNOSTICS n = ROW_COUNT;
-    IF n > 0 AND s.streaming_until > now() THEN
-        PERFORM fastpubsub._notify(ARRAY['settled:' || s.id]);
-    END IF;
-    RETURN n;
+    RETURN cardinality(fastpubsub._ack_rows(s, fastpubsub._held(s.key, p_ids)));
 END
 $$;
 
--- Give leased messages back: they return after an exponential backoff of
--- min(backoff_max, backoff_min * 2^(attempts-1)) seconds, or go to the DLQ once
--- max_delivery_attempts is used up. Waiting consumers are woken whenever a
--- message goes back into the queue (they read the next due time again); a
--- registered stream also hears `settled:<subscription>`.
-CREATE OR REPLACE FUNCTION fastpubsub.nack(p_subscription_id text, p_ids uuid[], OUT nacked integer, OUT dead_lettered integer)
+-- Give leased messages back for a retry after backoff (or to the DLQ once
+-- max_delivery_attempts is used up); other ids are ignored.
+CREATE OR REPLACE FUNCTION fastpubsub.nack(
+    p_subscription_id text, p_ids uuid[], OUT nacked integer, OUT dead_lettered integer)
 RETURNS record
 LANGUAGE plpgsql
 SET enable_seqscan = off
@@ -50,33 +155,16 @@ SET enable_mergejoin = off
 AS $$
 DECLARE
     s fastpubsub.subscriptions := fastpubsub._subscription(p_subscription_id);
+    v record;
 BEGIN
-    WITH changed AS (
-        UPDATE fastpubsub.deliveries AS d
-        SET status = CASE WHEN d.attempts >= s.max_delivery_attempts
-                          THEN 'dlq' ELSE 'scheduled' END::fastpubsub.delivery_status,
-            visible_at = CASE WHEN d.attempts >= s.max_delivery_attempts THEN now()
-                              ELSE now() + make_interval(secs => least(
-                                  s.backoff_max_seconds::double precision,
-                                  s.backoff_min_seconds * power(2::double precision, greatest(d.attempts, 1) - 1)))
-                         END,
-            lease_until = NULL,
-            leased_at = NULL,
-            consumer_id = NULL
-        WHERE d.ctid = ANY (fastpubsub._held(s.key, p_ids)) AND d.lease_until > now()
-        RETURNING d.status
-    )
-    SELECT count(*), count(*) FILTER (WHERE status = 'dlq') INTO nacked, dead_lettered FROM changed;
-    IF nacked > 0 THEN
-        PERFORM fastpubsub._notify(array_remove(ARRAY[
-            CASE WHEN nacked > dead_lettered THEN s.id END,
-            CASE WHEN s.streaming_until > now() THEN 'settled:' || s.id END], NULL));
-    END IF;
+    v := fastpubsub._nack_rows(s, fastpubsub._held(s.key, p_ids), true);
+    nacked := cardinality(v.done);
+    dead_lettered := cardinality(v.dead);
 END
 $$;
 
 -- Move the lease deadline of leased messages to now + p_seconds (0 ends the
--- lease: the message is deliverable again at once).
+-- lease: the message is deliverable again at once). Returns how many moved.
 CREATE OR REPLACE FUNCTION fastpubsub.extend_lease(p_subscription_id text, p_ids uuid[], p_seconds integer)
 RETURNS integer
 LANGUAGE plpgsql
@@ -87,17 +175,125 @@ SET enable_mergejoin = off
 AS $$
 DECLARE
     s fastpubsub.subscriptions := fastpubsub._subscription(p_subscription_id);
-    n integer;
 BEGIN
-    IF p_seconds IS NULL OR p_seconds < 0 OR p_seconds > 3600 THEN
-        RAISE EXCEPTION 'lease seconds must be between 0 and 3600' USING ERRCODE = 'FP422';
-    END IF;
-    UPDATE fastpubsub.deliveries AS d
-    SET lease_until = now() + make_interval(secs => p_seconds)
-    WHERE d.ctid = ANY (fastpubsub._held(s.key, p_ids)) AND d.lease_until > now();
-    GET DIAGNOSTICS n = ROW_COUNT;
-    RETURN n;
+    RETURN cardinality(fastpubsub._extend_rows(s, fastpubsub._held(s.key, p_ids), p_seconds));
 END
+$$;
+
+-- Several settlements in one transaction (group commit): p_requests is an
+-- array of {"subscription": id, "action": "ack" | "nack" | "extend",
+-- "ids": [...] | "receipts": [...], "seconds": n, "requeue": bool}, done in
+-- order. One result per request, in the same order:
+-- {"done": n, "dead": n, "ready": n, "streaming": bool, "outcomes": [...]}
+-- (outcomes for receipts only; ready: messages deliverable again at once).
+-- All are committed or none is; a caller that gets an error retries the
+-- requests one at a time to find whose it was.
+CREATE OR REPLACE FUNCTION fastpubsub._settle_batch(p_requests jsonb)
+RETURNS TABLE(result jsonb)
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+DECLARE
+    r jsonb;
+    s fastpubsub.subscriptions;
+    v_action text;
+    v_receipts text[];
+    v_rows tid[];
+    v_done uuid[];
+    v_dead uuid[] := '{}';
+    v_ready integer;
+    v_nacked record;
+    v_outcomes jsonb;
+BEGIN
+    FOR r IN SELECT value FROM jsonb_array_elements(p_requests) LOOP
+        s := fastpubsub._subscription(r ->> 'subscription');
+        v_action := r ->> 'action';
+        v_receipts := CASE WHEN r ? 'receipts'
+                           THEN ARRAY(SELECT jsonb_array_elements_text(r -> 'receipts')) END;
+        v_rows := CASE WHEN v_receipts IS NOT NULL THEN fastpubsub._held_leases(s.key, v_receipts)
+                       ELSE fastpubsub._held(s.key, ARRAY(SELECT jsonb_array_elements_text(r -> 'ids'))::uuid[])
+                  END;
+        v_dead := '{}';
+        v_ready := 0;
+        IF v_action = 'ack' THEN
+            v_done := fastpubsub._ack_rows(s, v_rows);
+        ELSIF v_action = 'nack' THEN
+            v_nacked := fastpubsub._nack_rows(s, v_rows, coalesce((r ->> 'requeue')::boolean, true));
+            v_done := v_nacked.done;
+            v_dead := v_nacked.dead;
+            v_ready := v_nacked.ready;
+        ELSIF v_action = 'extend' THEN
+            v_done := fastpubsub._extend_rows(s, v_rows, (r ->> 'seconds')::integer);
+            IF (r ->> 'seconds')::integer = 0 THEN
+                v_ready := cardinality(v_done);
+            END IF;
+        ELSE
+            RAISE EXCEPTION 'unknown settlement "%"', v_action USING ERRCODE = 'FP422';
+        END IF;
+        v_outcomes := NULL;
+        IF v_receipts IS NOT NULL THEN
+            SELECT jsonb_agg(CASE WHEN l.message_id IS NULL THEN 'invalid receipt'
+                                  WHEN l.message_id = ANY (v_dead) THEN 'dead_lettered'
+                                  WHEN l.message_id = ANY (v_done) THEN
+                                      CASE v_action WHEN 'ack' THEN 'acknowledged'
+                                                    WHEN 'nack' THEN 'nacked' ELSE 'extended' END
+                                  ELSE 'lease not held' END ORDER BY r.ord)
+            INTO v_outcomes
+            FROM unnest(v_receipts) WITH ORDINALITY AS r(receipt, ord)
+            CROSS JOIN LATERAL fastpubsub._receipt_lease(r.receipt) AS l;
+        END IF;
+        result := jsonb_build_object(
+            'done', cardinality(v_done), 'dead', cardinality(v_dead), 'ready', v_ready,
+            'streaming', coalesce(s.streaming_until > now(), false), 'outcomes', v_outcomes);
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+-- By receipt: each receipt with its outcome, in order: 'acknowledged',
+-- 'nacked' (it will be retried), 'dead_lettered', 'extended', or 'lease not
+-- held' (it ran out, was settled already, or is someone else's) or 'invalid
+-- receipt'. One request of _settle_batch each.
+CREATE OR REPLACE FUNCTION fastpubsub._settle_receipts(p_request jsonb)
+RETURNS TABLE(receipt text, outcome text)
+LANGUAGE sql
+AS $$
+    SELECT r.receipt, o.outcome
+    FROM fastpubsub._settle_batch(jsonb_build_array(p_request)) AS b
+    CROSS JOIN LATERAL jsonb_array_elements_text(p_request -> 'receipts') WITH ORDINALITY AS r(receipt, ord)
+    JOIN jsonb_array_elements_text(b.result -> 'outcomes') WITH ORDINALITY AS o(outcome, ord) ON o.ord = r.ord
+    ORDER BY r.ord
+$$;
+
+CREATE OR REPLACE FUNCTION fastpubsub.ack_receipts(p_subscription_id text, p_receipts text[])
+RETURNS TABLE(receipt text, outcome text)
+LANGUAGE sql
+AS $$
+    SELECT * FROM fastpubsub._settle_receipts(jsonb_build_object(
+        'subscription', p_subscription_id, 'action', 'ack', 'receipts', to_jsonb(p_receipts)))
+$$;
+
+-- p_requeue false: straight to the DLQ, no more attempts.
+CREATE OR REPLACE FUNCTION fastpubsub.nack_receipts(p_subscription_id text, p_receipts text[], p_requeue boolean)
+RETURNS TABLE(receipt text, outcome text)
+LANGUAGE sql
+AS $$
+    SELECT * FROM fastpubsub._settle_receipts(jsonb_build_object(
+        'subscription', p_subscription_id, 'action', 'nack', 'receipts', to_jsonb(p_receipts),
+        'requeue', coalesce(p_requeue, true)))
+$$;
+
+CREATE OR REPLACE FUNCTION fastpubsub.extend_lease_receipts(
+    p_subscription_id text, p_receipts text[], p_seconds integer)
+RETURNS TABLE(receipt text, outcome text)
+LANGUAGE sql
+AS $$
+    SELECT * FROM fastpubsub._settle_receipts(jsonb_build_object(
+        'subscription', p_subscription_id, 'action', 'extend', 'receipts', to_jsonb(p_receipts),
+        'seconds', p_seconds))
 $$;
 
 -- Deliveries that are not leased now and have no attempt left belong in the

@@ -5,17 +5,17 @@
 
 SET LOCAL check_function_bodies = off;
 
-DROP FUNCTION fastpubsub._advance_watermark(fastpubsub.subscriptions);
-DROP FUNCTION fastpubsub._message_json(uuid,text,jsonb,integer,timestamp with time zone,jsonb,smallint);
-DROP FUNCTION fastpubsub._publish(text,jsonb,boolean);
-DROP FUNCTION fastpubsub.cleanup_stuck(integer);
-DROP FUNCTION fastpubsub.cleanup_stuck_v2(integer);
-DROP FUNCTION fastpubsub.consume(text,text,integer);
-DROP FUNCTION fastpubsub.consume_v2(text,text,integer);
-DROP FUNCTION fastpubsub.list_dlq(text,integer,integer);
-DROP FUNCTION fastpubsub.publish(text,jsonb);
-DROP FUNCTION fastpubsub.publish_envelopes(text,jsonb);
-DROP FUNCTION fastpubsub.publish_v2(text,jsonb,boolean);
+DROP FUNCTION IF EXISTS fastpubsub._advance_watermark(fastpubsub.subscriptions);
+DROP FUNCTION IF EXISTS fastpubsub._message_json(uuid,text,jsonb,integer,timestamp with time zone,jsonb,smallint);
+DROP FUNCTION IF EXISTS fastpubsub._publish(text,jsonb,boolean);
+DROP FUNCTION IF EXISTS fastpubsub.cleanup_stuck(integer);
+DROP FUNCTION IF EXISTS fastpubsub.cleanup_stuck_v2(integer);
+DROP FUNCTION IF EXISTS fastpubsub.consume(text,text,integer);
+DROP FUNCTION IF EXISTS fastpubsub.consume_v2(text,text,integer);
+DROP FUNCTION IF EXISTS fastpubsub.list_dlq(text,integer,integer);
+DROP FUNCTION IF EXISTS fastpubsub.publish(text,jsonb);
+DROP FUNCTION IF EXISTS fastpubsub.publish_envelopes(text,jsonb);
+DROP FUNCTION IF EXISTS fastpubsub.publish_v2(text,jsonb,boolean);
 
 CREATE OR REPLACE FUNCTION fastpubsub._advance_watermark(s fastpubsub.subscriptions)
  RETURNS void

@@ -12,8 +12,8 @@
 -- * _advance_watermark_v2 becomes _advance_watermark; _filter_matches, which
 --   nothing called, goes.
 
-DROP FUNCTION fastpubsub._advance_watermark_v2(fastpubsub.subscriptions);
-DROP FUNCTION fastpubsub._filter_matches(jsonb, jsonb);
-DROP FUNCTION fastpubsub.consume(text, text, integer);
-DROP FUNCTION fastpubsub.cleanup_stuck(integer);
-DROP FUNCTION fastpubsub.list_dlq(text, integer, integer);
+DROP FUNCTION IF EXISTS fastpubsub._advance_watermark_v2(fastpubsub.subscriptions);
+DROP FUNCTION IF EXISTS fastpubsub._filter_matches(jsonb, jsonb);
+DROP FUNCTION IF EXISTS fastpubsub.consume(text, text, integer);
+DROP FUNCTION IF EXISTS fastpubsub.cleanup_stuck(integer);
+DROP FUNCTION IF EXISTS fastpubsub.list_dlq(text, integer, integer);

@@ -73,7 +73,7 @@ async def test_consume_answers_the_seed_shape(api: httpx.AsyncClient) -> None:
     await api.post("/topics/t/messages", json=[{"event": "user.created", "country": "BR"}])
     (message,) = await consume(api)
     seed_fields = {"id", "subscription_id", "payload", "delivery_attempts", "created_at"}
-    assert set(message) == seed_fields | {"attributes", "priority"}
+    assert set(message) == seed_fields | {"attributes", "priority", "receipt"}
     assert (message["attributes"], message["priority"]) == (None, 0)
     uuid.UUID(message["id"])
     assert message["subscription_id"] == "s"

@@ -109,7 +109,7 @@ def test_nack_with_zero_backoff_wakes_listeners(conn: psycopg.Connection, connec
     listener = connect()
     listener.execute("LISTEN fastpubsub")
     nack(conn, "s", ids)
-    assert [n.payload for n in listener.notifies(timeout=1, stop_after=1)] == ["s"]
+    assert [n.payload for n in listener.notifies(timeout=1, stop_after=1)] == ["s=1"]  # 1 deliverable now
 
 
 def test_nack_with_a_backoff_wakes_listeners_too(queue: psycopg.Connection, connect) -> None:
@@ -119,7 +119,7 @@ def test_nack_with_a_backoff_wakes_listeners_too(queue: psycopg.Connection, conn
     listener = connect()
     listener.execute("LISTEN fastpubsub")
     assert nack(queue, "s", ids) == (1, 0)
-    assert [n.payload for n in listener.notifies(timeout=1, stop_after=1)] == ["s"]
+    assert [n.payload for n in listener.notifies(timeout=1, stop_after=1)] == ["s=0"]  # a new due time
     due = queue.execute("SELECT fastpubsub.next_due('s')").fetchone()[0]
     assert 1 < due <= 2  # backoff_min of this subscription
 
@@ -176,9 +176,9 @@ def test_acks_and_nacks_wake_registered_streams_and_nothing_else(queue: psycopg.
     assert list(listener.notifies(timeout=0.3, stop_after=1)) == []  # no stream: an ack is silent
     queue.execute("SELECT fastpubsub.touch_stream('s')")
     ack(queue, "s", ids[1:2])
-    assert [n.payload for n in listener.notifies(timeout=1, stop_after=1)] == ["settled:s"]
+    assert [n.payload for n in listener.notifies(timeout=1, stop_after=1)] == ["settled:s=1"]
     nack(queue, "s", ids[2:3])  # back in the queue (later), and room for the stream
-    assert [n.payload for n in listener.notifies(timeout=1, stop_after=1)] == ["s settled:s"]
+    assert [n.payload for n in listener.notifies(timeout=1, stop_after=1)] == ["s=0 settled:s=1"]
 
 
 def test_retry_keeps_delivery_time_of_stored_backoff(queue: psycopg.Connection) -> None:

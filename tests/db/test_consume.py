@@ -142,7 +142,7 @@ def test_consume_reads_only_what_it_leases_however_long_the_backlog(
 
 def test_consume_returns_its_documented_row_through_an_index_seek(queue: psycopg.Connection, connect) -> None:
     """fastpubsub.consume, part of the SQL interface: (id, payload, attributes, priority, attempts,
-    created_at), highest priority first, an O(batch) index seek."""
+    created_at, receipt), highest priority first, an O(batch) index seek."""
     for _ in range(20):
         publish(queue, "jobs", [{"n": i} for i in range(1000)])
     urgent = publish_envelopes(queue, "jobs", [{"payload": {"urgent": True}, "priority": 5}])
@@ -157,6 +157,7 @@ def test_consume_returns_its_documented_row_through_an_index_seek(queue: psycopg
         "priority",
         "attempts",
         "created_at",
+        "receipt",
     ]
     rows = cur.fetchall()
     seq_scans, index_rows = tx.execute(

@@ -57,7 +57,7 @@ def test_reprocess_wakes_listeners(conn: psycopg.Connection, dead: list, connect
     listener = connect()
     listener.execute("LISTEN fastpubsub")
     reprocess(conn, dead[:1])
-    assert [n.payload for n in listener.notifies(timeout=1, stop_after=1)] == ["s"]
+    assert [n.payload for n in listener.notifies(timeout=1, stop_after=1)] == ["s=1"]
 
 
 @pytest.mark.parametrize(("offset", "limit"), [(-1, 10), (0, 0), (0, 1001)])

@@ -96,15 +96,31 @@ def test_messages_without_subscriptions_are_kept_as_unrouted(conn: psycopg.Conne
     assert count(conn, "deliveries") == 0
 
 
-def test_one_notify_per_publish_naming_the_woken_subscriptions(orders: psycopg.Connection, connect) -> None:
+def test_one_notify_per_publish_naming_the_woken_subscriptions_with_counts(
+    orders: psycopg.Connection, connect
+) -> None:
     listener = connect()
     listener.execute("LISTEN fastpubsub")
     publish(orders, "orders", [{"status": "pending"} for _ in range(100)])
     publish(orders, "orders", [{"status": "completed"}])
     received = [n.payload for n in listener.notifies(timeout=1, stop_after=3)]
     assert len(received) == 2
-    assert sorted(received[0].split()) == ["emails", "inventory"]
-    assert sorted(received[1].split()) == ["analytics", "emails", "inventory"]
+    assert sorted(received[0].split()) == ["emails=100", "inventory=100"]
+    assert sorted(received[1].split()) == ["analytics=1", "emails=1", "inventory=1"]
+
+
+def test_a_session_that_turns_notifications_off_sends_none(orders: psycopg.Connection, connect) -> None:
+    """The server's sessions (fastpubsub.notify = off) wake consumers themselves, after the commit."""
+    listener = connect()
+    listener.execute("LISTEN fastpubsub")
+    orders.execute("SET fastpubsub.notify = off")
+    publish(orders, "orders", [{"status": "completed"}])
+    assert list(listener.notifies(timeout=0.5, stop_after=1)) == []
+    orders.execute("RESET fastpubsub.notify")
+    publish(orders, "orders", [{"status": "completed"}])
+    assert [n.payload for n in listener.notifies(timeout=1, stop_after=1)] == [
+        "analytics=1 emails=1 inventory=1"
+    ]
 
 
 def test_no_notify_when_no_subscription_gets_the_message(conn: psycopg.Connection, connect) -> None:
@@ -129,7 +145,9 @@ def test_the_first_revisions_publish_and_consume_do_the_same_work(
     assert len(ids) == 3
     assert ids == sorted(ids)
     assert [len(deliveries(orders, s)) for s in ("emails", "inventory", "analytics")] == [3, 3, 1]
-    assert [n.payload for n in listener.notifies(timeout=1, stop_after=2)] == ["analytics emails inventory"]
+    assert [n.payload for n in listener.notifies(timeout=1, stop_after=2)] == [
+        "analytics=1 emails=3 inventory=3"
+    ]
     rows = orders.execute(
         "SELECT id, payload, attempts FROM fastpubsub.consume('analytics', 'w', 10)"
     ).fetchall()

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request, Response
-from fastapi.responses import StreamingResponse
+from fastapi import APIRouter, Body, Query, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from fastpubsub.api import delivery
-from fastpubsub.api.deps import DatabaseDep, ListenerDep, PrincipalDep
+from fastpubsub.api.deps import DatabaseDep, DeliveryDep, PrincipalDep
 from fastpubsub.api.errors import error_responses
 from fastpubsub.api.params import IdList, SubscriptionId
 from fastpubsub.api.schemas import (
@@ -19,10 +19,15 @@ from fastpubsub.api.schemas import (
     MAX_BATCH_SIZE,
     MAX_WAIT_SECONDS,
     STREAM_EXAMPLE,
+    AckResults,
     ConsumerId,
+    Failed,
     LeaseExtension,
+    LeaseResults,
     MessageOut,
+    NackResults,
     Page,
+    ReceiptList,
 )
 
 router = APIRouter(prefix="/subscriptions", tags=["subscriptions"])
@@ -40,8 +45,7 @@ router = APIRouter(prefix="/subscriptions", tags=["subscriptions"])
 async def consume_messages(
     subscription_id: SubscriptionId,
     request: Request,
-    database: DatabaseDep,
-    listener: ListenerDep,
+    deliveries: DeliveryDep,
     principal: PrincipalDep,
     consumer_id: Annotated[ConsumerId, Query(description="Who holds the leases")],
     batch_size: Annotated[int, Query(ge=1, le=MAX_BATCH_SIZE)] = DEFAULT_BATCH_SIZE,
@@ -50,53 +54,127 @@ async def consume_messages(
     ] = 0,
 ) -> Response:
     principal.require("subscriptions:consume", subscription_id)
-    body = await delivery.consume_page(
-        database, listener, subscription_id, consumer_id, batch_size, wait_seconds, request.receive
+    body = await deliveries.consume_page(
+        subscription_id, consumer_id, batch_size, wait_seconds, request.receive
     )
     return Response(body, media_type="application/json")
+
+
+def _failed(receipts: list[str], outcomes: list[str], succeeded: tuple[str, ...]) -> list[Failed]:
+    return [
+        Failed(receipt=receipt, reason=outcome)  # type: ignore[arg-type]  # the database's two reasons
+        for receipt, outcome in zip(receipts, outcomes, strict=True)
+        if outcome not in succeeded
+    ]
+
+
+def _with(receipts: list[str], outcomes: list[str], outcome: str) -> list[str]:
+    return [receipt for receipt, got in zip(receipts, outcomes, strict=True) if got == outcome]
+
+
+_BY_ID_OR_RECEIPT = (
+    "The body is either a JSON array of message ids (any current lease of those messages; ids not "
+    'leased on this subscription are ignored; answered 204), or `{"receipts": [...]}`: only the '
+    "leases those receipts name (each consumed message carries its `receipt`), answered 200 with an "
+    "outcome for each, so that a consumer whose lease ran out cannot settle the lease another "
+    "consumer holds now."
+)
 
 
 @router.post(
     "/{subscription_id}/acks",
     status_code=204,
     summary="Acknowledge leased messages",
-    description="Ids that are not currently leased on this subscription are ignored.",
-    responses=error_responses(401, 403, 404, 422),
+    description=_BY_ID_OR_RECEIPT,
+    responses={
+        200: {"model": AckResults, "description": "By receipt: the outcome of each"},
+        204: {"description": "By id: done"},
+        **error_responses(401, 403, 404, 422),
+    },
 )
 async def ack_messages(
-    subscription_id: SubscriptionId, ids: IdList, database: DatabaseDep, principal: PrincipalDep
+    subscription_id: SubscriptionId,
+    body: Annotated[IdList | ReceiptList, Body(description="Message ids, or {receipts}")],
+    deliveries: DeliveryDep,
+    principal: PrincipalDep,
 ) -> Response:
     principal.require("subscriptions:consume", subscription_id)
-    await delivery.ack(database, subscription_id, ids)
-    return Response(status_code=204)
+    if not isinstance(body, ReceiptList):
+        await deliveries.ack(subscription_id, body)
+        return Response(status_code=204)
+    outcomes = (await deliveries.settle(subscription_id, "ack", receipts=body.receipts))["outcomes"]
+    results = AckResults(
+        acknowledged=_with(body.receipts, outcomes, "acknowledged"),
+        failed=_failed(body.receipts, outcomes, ("acknowledged",)),
+    )
+    return JSONResponse(results.model_dump())
 
 
 @router.post(
     "/{subscription_id}/nacks",
     status_code=204,
     summary="Give leased messages back for a retry after backoff (or to the DLQ)",
-    responses=error_responses(401, 403, 404, 422),
+    description=_BY_ID_OR_RECEIPT
+    + " With `requeue=false` the messages go straight to the dead-letter queue, with no more attempts.",
+    responses={
+        200: {"model": NackResults, "description": "By receipt: the outcome of each"},
+        204: {"description": "By id: done"},
+        **error_responses(401, 403, 404, 422),
+    },
 )
 async def nack_messages(
-    subscription_id: SubscriptionId, ids: IdList, database: DatabaseDep, principal: PrincipalDep
+    subscription_id: SubscriptionId,
+    body: Annotated[IdList | ReceiptList, Body(description="Message ids, or {receipts}")],
+    deliveries: DeliveryDep,
+    principal: PrincipalDep,
+    requeue: Annotated[
+        bool, Query(description="false: dead-letter now instead of retrying after backoff")
+    ] = True,
 ) -> Response:
     principal.require("subscriptions:consume", subscription_id)
-    await delivery.nack(database, subscription_id, ids)
-    return Response(status_code=204)
+    if not isinstance(body, ReceiptList):
+        if body:
+            await deliveries.settle(subscription_id, "nack", ids=body, requeue=requeue)
+        return Response(status_code=204)
+    outcomes = (await deliveries.settle(subscription_id, "nack", receipts=body.receipts, requeue=requeue))[
+        "outcomes"
+    ]
+    results = NackResults(
+        nacked=_with(body.receipts, outcomes, "nacked"),
+        dead_lettered=_with(body.receipts, outcomes, "dead_lettered"),
+        failed=_failed(body.receipts, outcomes, ("nacked", "dead_lettered")),
+    )
+    return JSONResponse(results.model_dump())
 
 
 @router.post(
     "/{subscription_id}/leases",
     status_code=204,
     summary="Extend (or end) the lease of messages still being processed",
-    responses=error_responses(401, 403, 404, 422),
+    description='`{"ids": [...], "seconds": N}` (any current lease of those messages; answered 204) '
+    'or `{"receipts": [...], "seconds": N}` (only the leases the receipts name; answered 200 with '
+    "an outcome for each). The leases end N seconds from now; 0 releases the messages at once.",
+    responses={
+        200: {"model": LeaseResults, "description": "By receipt: the outcome of each"},
+        204: {"description": "By id: done"},
+        **error_responses(401, 403, 404, 422),
+    },
 )
 async def extend_leases(
-    subscription_id: SubscriptionId, body: LeaseExtension, database: DatabaseDep, principal: PrincipalDep
+    subscription_id: SubscriptionId, body: LeaseExtension, deliveries: DeliveryDep, principal: PrincipalDep
 ) -> Response:
     principal.require("subscriptions:consume", subscription_id)
-    await delivery.extend_leases(database, subscription_id, body.ids, body.seconds)
-    return Response(status_code=204)
+    if body.receipts is None:
+        await deliveries.extend_leases(subscription_id, body.ids or [], body.seconds)
+        return Response(status_code=204)
+    outcomes = (
+        await deliveries.settle(subscription_id, "extend", receipts=body.receipts, seconds=body.seconds)
+    )["outcomes"]
+    results = LeaseResults(
+        extended=_with(body.receipts, outcomes, "extended"),
+        failed=_failed(body.receipts, outcomes, ("extended",)),
+    )
+    return JSONResponse(results.model_dump())
 
 
 @router.get(
@@ -121,15 +199,20 @@ async def stream_messages(
     subscription_id: SubscriptionId,
     request: Request,
     database: DatabaseDep,
-    listener: ListenerDep,
+    deliveries: DeliveryDep,
     principal: PrincipalDep,
     consumer_id: Annotated[ConsumerId, Query(description="Who holds the leases")],
     max_in_flight: Annotated[int, Query(ge=1, le=1000, description="Unacked messages at most")] = 10,
 ) -> StreamingResponse:
     principal.require("subscriptions:consume", subscription_id)
-    await database.touch_stream(subscription_id)  # also answers 404 before the stream starts
+    # Registered before the stream starts (acks elsewhere then tell it about
+    # room); also answers 404 for an unknown subscription.
+    await database.touch_stream(subscription_id)
+    subscription = await database.get_subscription(subscription_id)
     return StreamingResponse(
-        delivery.stream_events(request, database, listener, subscription_id, consumer_id, max_in_flight),
+        deliveries.stream_events(
+            request, subscription_id, consumer_id, max_in_flight, subscription.ack_deadline_seconds
+        ),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from fastpubsub.api import delivery
-from fastpubsub.api.deps import DatabaseDep, PrincipalDep, SettingsDep
+from fastpubsub.api.deps import DatabaseDep, DeliveryDep, PrincipalDep
 from fastpubsub.api.errors import error_responses
 from fastpubsub.api.params import Limit, Offset, TopicId
 from fastpubsub.api.schemas import Page, PublishRequest, PublishResponse, TopicCreate, TopicOut
@@ -76,10 +75,10 @@ async def delete_topic(topic_id: TopicId, database: DatabaseDep, principal: Prin
     responses=error_responses(401, 403, 404, 413, 422),
 )
 async def publish_messages(
-    topic_id: TopicId, request: Request, database: DatabaseDep, principal: PrincipalDep, settings: SettingsDep
+    topic_id: TopicId, request: Request, deliveries: DeliveryDep, principal: PrincipalDep
 ) -> Response:
     principal.require("topics:publish", topic_id)
-    await delivery.publish(database, topic_id, await request.body(), settings.max_message_bytes)
+    await deliveries.publish(topic_id, await request.body())
     return Response(status_code=204)
 
 
@@ -98,11 +97,10 @@ async def publish_messages(
 async def publish_with_options(
     topic_id: TopicId,
     body: PublishRequest,
-    database: DatabaseDep,
+    deliveries: DeliveryDep,
     principal: PrincipalDep,
-    settings: SettingsDep,
 ) -> PublishResponse:
     principal.require("topics:publish", topic_id)
     envelopes = [message.model_dump(mode="json", exclude_none=True) for message in body.messages]
-    ids = await delivery.publish_envelopes(database, topic_id, envelopes, settings.max_message_bytes)
+    ids = await deliveries.publish_envelopes(topic_id, envelopes)
     return PublishResponse(message_ids=ids)

@@ -1,0 +1,348 @@
+"""Waking waiting consumers: long-polls and streams, in this process and in the others.
+
+Every consumer waiting for messages of a subscription (a long-poll, a stream
+with room) is a `Waiter` in that subscription's queue, with a demand: how many
+messages it can take. When messages become deliverable, the hub wakes waiters
+in the order they came until their demand covers the messages: a publish of
+one message wakes one waiter per process, not every waiter. A waiter that
+leases a full batch wakes the next one (there may be more); one that finds
+nothing (another process was quicker) waits again in its place.
+
+Where the news comes from:
+* this process's own publishes, nacks, reprocessing and replays (after their
+  commit; the server's sessions send no NOTIFY from inside a transaction);
+* the other processes: each sends one coalesced notification on the
+  fastpubsub channel (`@<sender> orders=3 settled:orders=1`), outside any data
+  transaction, at most one at a time and at most every `notify_interval`
+  seconds, and ignores its own when they come back;
+* applications publishing in SQL inside their own transactions: those
+  sessions notify at commit (`orders=3`);
+* due times: a look that leased nothing says when a retry, a delayed message
+  or a lease end is next due, and the hub keeps one timer per subscription;
+* while the notification connection is down, one waiter per subscription
+  looks every second.
+
+Full streams are waiters with no demand: they wake when this process settles
+one of their messages, or when another process says `settled:<subscription>`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+from collections.abc import Iterable, Iterator, Sequence
+from uuid import UUID
+
+from fastpubsub.db import Database, NotificationListener
+from fastpubsub.db.listener import NotificationSender
+from fastpubsub.exceptions import FastPubSubError
+from fastpubsub.logs import one_line
+
+log = logging.getLogger(__name__)
+
+# Waking for a due time: this much after it (so that it has passed in the
+# database too); when "due now" keeps leading to nothing (another process's
+# consumer took it, or the streams are full), the wait doubles up to a second.
+DUE_SLACK_SECONDS = 0.005
+MAX_DUE_FLOOR_SECONDS = 1.0
+# While the notification connection is down, one waiter per subscription looks this often.
+DEGRADED_RECHECK_SECONDS = 1.0
+# Streams register (touch_stream) so that acks and nacks in other processes tell
+# them about room; the hub renews that for its subscriptions well within its 60 s.
+TOUCH_SECONDS = 30.0
+# A notification payload longer than this names no subscription: everyone looks.
+MAX_PAYLOAD_BYTES = 7000
+
+
+# The hubs of the applications running in this process: the worker tells them
+# when the server begins to stop (api/worker.py).
+RUNNING_HUBS: set[WakeHub] = set()
+
+
+def begin_stopping_everywhere() -> None:
+    """The server is stopping: every long-poll answers, every stream ends."""
+    for hub in list(RUNNING_HUBS):
+        hub.begin_stopping()
+
+
+class Waiter:
+    """One waiting consumer: its event, its demand and (streams) the messages it holds."""
+
+    __slots__ = ("baton", "demand", "event", "held", "recheck")
+
+    def __init__(self, demand: int, held: dict[UUID, float] | None = None) -> None:
+        self.demand = demand
+        self.event = asyncio.Event()
+        self.held = held  # a stream's messages out, and when (loop time) their leases end
+        self.recheck = False  # another process settled something of this subscription
+        # Woken without knowing how many messages there are: if it finds a full
+        # batch, there may be more, and it wakes the next waiter (pass_on).
+        self.baton = False
+
+
+class _Queue:
+    __slots__ = ("due_handle", "floor", "streams", "waiters")
+
+    def __init__(self) -> None:
+        self.waiters: dict[Waiter, None] = {}  # in arrival order
+        self.due_handle: asyncio.TimerHandle | None = None
+        self.floor = DUE_SLACK_SECONDS
+        self.streams = 0
+
+
+class WakeHub:
+    """This process's waiting consumers, the notifications that wake them and those it sends."""
+
+    def __init__(self, database: Database, *, notify_interval: float = 0.002) -> None:
+        self.database = database
+        self.notify_interval = notify_interval
+        self.tag = f"{os.getpid()}.{secrets.token_hex(3)}"
+        self.stopping = asyncio.Event()
+        self.listener = NotificationListener(
+            database.url,
+            on_notification=self.heard,
+            on_connected=self.wake_everyone,
+            on_lost=self.wake_everyone,
+            on_reconnect=database.discard_idle_connections,
+        )
+        self.sender = NotificationSender(database.url)
+        self._queues: dict[str, _Queue] = {}
+        self._pending: dict[str, int] = {}
+        self._sender: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        # Counted for the benchmark and the tests: notifications sent and looks woken.
+        self.notifications_sent = 0
+        self.wakeups = 0
+
+    @property
+    def connected(self) -> asyncio.Event:
+        return self.listener.connected
+
+    async def start(self) -> None:
+        await self.listener.start()
+        self._tasks = [
+            asyncio.create_task(self._touch_streams(), name="fastpubsub-touch-streams"),
+            asyncio.create_task(self._degraded_looks(), name="fastpubsub-degraded-looks"),
+        ]
+
+    def begin_stopping(self) -> None:
+        """Shutting down: every long-poll answers with what it has, every stream ends."""
+        self.stopping.set()
+        self.wake_everyone()
+
+    async def stop(self) -> None:
+        self.begin_stopping()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._sender is not None:  # tell the others what is pending, briefly
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._sender), 1.0)
+        await self.sender.close()
+        await self.listener.stop()
+
+    # -- waiters ------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def waiter(
+        self, subscription_id: str, demand: int, held: dict[UUID, float] | None = None
+    ) -> Iterator[Waiter]:
+        """Register a waiter for `subscription_id` (before its first look: no wake-up is missed)."""
+        queue = self._queues.get(subscription_id)
+        if queue is None:
+            queue = self._queues[subscription_id] = _Queue()
+        waiter = Waiter(demand, held)
+        queue.waiters[waiter] = None
+        try:
+            yield waiter
+        finally:
+            del queue.waiters[waiter]
+            self._forget_if_idle(subscription_id, queue)
+
+    @contextlib.contextmanager
+    def stream(self, subscription_id: str) -> Iterator[None]:
+        """A stream of this subscription is open here (the hub keeps it registered, see TOUCH_SECONDS)."""
+        queue = self._queues.get(subscription_id)
+        if queue is None:
+            queue = self._queues[subscription_id] = _Queue()
+        queue.streams += 1
+        try:
+            yield
+        finally:
+            queue.streams -= 1
+            self._forget_if_idle(subscription_id, queue)
+
+    def _forget_if_idle(self, subscription_id: str, queue: _Queue) -> None:
+        if not queue.waiters and not queue.streams and self._queues.get(subscription_id) is queue:
+            if queue.due_handle is not None:
+                queue.due_handle.cancel()
+            del self._queues[subscription_id]
+
+    def wake(self, subscription_id: str, count: int | None) -> None:
+        """Messages may be deliverable: wake waiters, in order, until their demand covers `count`.
+
+        None: unknown how many (one waiter looks, and passes it on if it finds
+        a full batch); 0: only a due time changed (one waiter reads it).
+        """
+        queue = self._queues.get(subscription_id)
+        if queue is None:
+            return
+        remaining = count if count else 1
+        for waiter in queue.waiters:
+            if waiter.demand <= 0 or waiter.event.is_set():
+                continue
+            waiter.event.set()
+            waiter.baton = count is None
+            self.wakeups += 1
+            remaining -= waiter.demand
+            if remaining <= 0:
+                break
+
+    def pass_on(self, subscription_id: str, waiter: Waiter) -> None:
+        """`waiter` leased a full batch: if it was woken not knowing how many there were, the next looks."""
+        if waiter.baton:
+            waiter.baton = False
+            self.wake(subscription_id, None)
+
+    def wake_everyone(self) -> None:
+        for queue in self._queues.values():
+            for waiter in queue.waiters:
+                waiter.recheck = waiter.held is not None
+                waiter.baton = True
+                waiter.event.set()
+
+    def note_leased(self, subscription_id: str) -> None:
+        """A look leased messages: due-time waits start short again."""
+        queue = self._queues.get(subscription_id)
+        if queue is not None:
+            queue.floor = DUE_SLACK_SECONDS
+
+    def note_due(self, subscription_id: str, due: float | None) -> None:
+        """A look leased nothing and the database said what is next due (None: nothing pending)."""
+        queue = self._queues.get(subscription_id)
+        if queue is None or due is None:
+            return
+        delay = max(due + DUE_SLACK_SECONDS, queue.floor)
+        if due <= queue.floor:  # "due now" led to nothing: do not spin on it
+            queue.floor = min(queue.floor * 2, MAX_DUE_FLOOR_SECONDS)
+        loop = asyncio.get_running_loop()
+        when = loop.time() + delay
+        if queue.due_handle is not None:
+            if queue.due_handle.when() <= when:
+                return  # an earlier look is already due
+            queue.due_handle.cancel()
+        queue.due_handle = loop.call_at(when, self._due, subscription_id)
+
+    def _due(self, subscription_id: str) -> None:
+        queue = self._queues.get(subscription_id)
+        if queue is not None:
+            queue.due_handle = None
+            self.wake(subscription_id, None)
+
+    # -- what happened in this process ----------------------------------------------------
+
+    def published(self, woken: Sequence[str], counts: Sequence[int]) -> None:
+        """Messages were committed for these subscriptions (count: deliverable now; 0: delayed only)."""
+        for subscription_id, count in zip(woken, counts, strict=True):
+            self.made_ready(subscription_id, count)
+
+    def made_ready(self, subscription_id: str, count: int) -> None:
+        """`count` messages of a subscription became deliverable (0: a due time changed)."""
+        if count:
+            self.note_leased(subscription_id)  # news, not a due time: look at once
+        self.wake(subscription_id, count)
+        self._tell(subscription_id, count)
+
+    def settled(self, subscription_id: str, ids: Iterable[UUID | str], count: int, streaming: bool) -> None:
+        """This process acked, nacked or moved leases of `ids`: full streams holding them have room."""
+        queue = self._queues.get(subscription_id)
+        if queue is not None:
+            settled = {_uuid(i) for i in ids}
+            for waiter in queue.waiters:
+                if waiter.held and not settled.isdisjoint(waiter.held):
+                    for message_id in settled.intersection(waiter.held):
+                        del waiter.held[message_id]
+                    waiter.event.set()
+        if streaming and count:  # a stream of this subscription is open somewhere
+            self._tell(f"settled:{subscription_id}", count)
+
+    # -- what the other processes say -------------------------------------------------------
+
+    def heard(self, payload: str) -> None:
+        """A notification: `[@sender] name[=count] ...`, or `*`."""
+        names = payload.split()
+        if names and names[0].startswith("@"):
+            if names[0] == f"@{self.tag}":
+                return  # our own, acted on already
+            names = names[1:]
+        for word in names:
+            if word == "*":
+                self.wake_everyone()
+                return
+            name, _, number = word.partition("=")
+            count = int(number) if number.isdigit() else None
+            if name.startswith("settled:"):
+                self._room_elsewhere(name.removeprefix("settled:"))
+            else:
+                if count:
+                    self.note_leased(name)
+                self.wake(name, count)
+
+    def _room_elsewhere(self, subscription_id: str) -> None:
+        queue = self._queues.get(subscription_id)
+        if queue is None:
+            return
+        for waiter in queue.waiters:
+            if waiter.held is not None and waiter.demand <= 0:
+                waiter.recheck = True
+                waiter.event.set()
+
+    def _tell(self, name: str, count: int) -> None:
+        self._pending[name] = self._pending.get(name, 0) + count
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.create_task(self._send(), name="fastpubsub-notify")
+
+    async def _send(self) -> None:
+        """Send what is pending as one notification, then again at most every notify_interval."""
+        while self._pending:
+            pending, self._pending = self._pending, {}
+            payload = f"@{self.tag} " + " ".join(f"{name}={count}" for name, count in pending.items())
+            if len(payload.encode()) > MAX_PAYLOAD_BYTES:
+                payload = f"@{self.tag} *"
+            try:
+                await self.sender.send(payload)
+                self.notifications_sent += 1
+            except FastPubSubError as exc:
+                # The others fall back on their due times and, once their
+                # listener notices, on looking every second.
+                log.warning("could not notify other processes: %s", one_line(exc))
+            await asyncio.sleep(self.notify_interval)
+
+    # -- upkeep -------------------------------------------------------------------------------
+
+    async def _touch_streams(self) -> None:
+        while True:
+            await asyncio.sleep(TOUCH_SECONDS)
+            for subscription_id, queue in list(self._queues.items()):
+                if queue.streams:
+                    try:
+                        await self.database.touch_stream(subscription_id)
+                    except FastPubSubError as exc:
+                        log.debug("touch_stream %s: %s", subscription_id, one_line(exc))
+
+    async def _degraded_looks(self) -> None:
+        while True:
+            await asyncio.sleep(DEGRADED_RECHECK_SECONDS)
+            if not self.connected.is_set():
+                for subscription_id in list(self._queues):
+                    self.wake(subscription_id, None)
+                    self._room_elsewhere(subscription_id)
+
+
+def _uuid(value: UUID | str) -> UUID:
+    return value if isinstance(value, UUID) else UUID(value)

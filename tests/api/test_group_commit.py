@@ -1,0 +1,95 @@
+"""Group commit: concurrent requests share transactions, each answered with its own result."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from tests.api.conftest import ClientFactory
+
+
+@pytest.fixture
+async def api(make_api: ClientFactory) -> httpx.AsyncClient:
+    # One transaction at a time: every request arriving meanwhile joins the next.
+    client = await make_api(group_commit_in_flight=1)
+    for topic in ("t", "u"):
+        await client.post("/topics", json={"id": topic})
+        await client.post("/subscriptions", json={"id": f"{topic}-s", "topic_id": topic})
+    return client
+
+
+def batches(api: httpx.AsyncClient, name: str) -> tuple[int, int]:
+    group = getattr(api.app.state.delivery, name)  # type: ignore[attr-defined]
+    return group.batches, group.requests
+
+
+async def test_concurrent_publishes_share_transactions_and_a_bad_one_fails_alone(
+    api: httpx.AsyncClient,
+) -> None:
+    before = batches(api, "publishes")
+    good = [
+        api.post(f"/topics/{'t' if i % 2 else 'u'}/publish", json={"messages": [{"payload": {"n": i}}] * 3})
+        for i in range(40)
+    ]
+    bad = [
+        api.post("/topics/nosuch/messages", json=[{"n": 1}]),  # unknown topic
+        api.post("/topics/t/messages", json=[{"n": 1}, 2]),  # not an object
+    ]
+    answers = await asyncio.gather(*good[:20], *bad, *good[20:])
+    good_answers = answers[:20] + answers[22:]
+    assert [a.status_code for a in answers[20:22]] == [404, 422]
+    assert {a.status_code for a in good_answers} == {201}
+    ids = [a.json()["message_ids"] for a in good_answers]
+    assert all(len(request_ids) == 3 for request_ids in ids)
+    assert len({i for request_ids in ids for i in request_ids}) == 120  # each its own ids
+    batches_after, requests_after = batches(api, "publishes")
+    assert requests_after - before[1] >= 42
+    assert batches_after - before[0] < 42  # some requests shared a transaction
+    for topic in ("t", "u"):
+        metrics = (await api.get(f"/subscriptions/{topic}-s/metrics")).json()
+        assert metrics["available"] == 60  # nothing of the bad ones, everything of the good ones
+
+
+async def test_each_request_keeps_its_messages_in_order(api: httpx.AsyncClient) -> None:
+    bodies = [[{"request": r, "n": n} for n in range(5)] for r in range(20)]
+    answers = await asyncio.gather(*(api.post("/topics/t/messages", json=body) for body in bodies))
+    assert {a.status_code for a in answers} == {204}
+    page = await api.get("/subscriptions/t-s/messages", params={"consumer_id": "c", "batch_size": 100})
+    seen: dict[int, list[int]] = {}
+    for message in page.json()["data"]:
+        seen.setdefault(message["payload"]["request"], []).append(message["payload"]["n"])
+    assert seen == {r: list(range(5)) for r in range(20)}
+
+
+async def test_concurrent_acks_settle_each_message_once(api: httpx.AsyncClient) -> None:
+    await api.post("/topics/t/messages", json=[{"n": i} for i in range(60)])
+    page = await api.get("/subscriptions/t-s/messages", params={"consumer_id": "c", "batch_size": 60})
+    ids = [m["id"] for m in page.json()["data"]]
+    before = batches(api, "settlements")
+    # every id acked twice, by concurrent requests of one to three ids
+    chunks = [ids[i : i + 3] for i in range(0, 60, 3)] + [ids[i : i + 2] for i in range(0, 60, 2)]
+    answers = await asyncio.gather(*(api.post("/subscriptions/t-s/acks", json=chunk) for chunk in chunks))
+    assert {a.status_code for a in answers} == {204}
+    assert batches(api, "settlements")[0] - before[0] < len(chunks)
+    metrics = (await api.get("/subscriptions/t-s/metrics")).json()
+    assert (metrics["acked"], metrics["delivered"], metrics["available"]) == (60, 0, 0)
+    counted = [
+        line
+        for line in (await api.get("/metrics")).text.splitlines()
+        if line.startswith('fastpubsub_messages_acked_total{subscription="t-s"}')
+    ]
+    assert counted == ['fastpubsub_messages_acked_total{subscription="t-s"} 60.0']  # not 120
+
+
+async def test_an_ack_of_an_unknown_subscription_fails_alone(api: httpx.AsyncClient) -> None:
+    await api.post("/topics/t/messages", json=[{"n": 1}])
+    page = await api.get("/subscriptions/t-s/messages", params={"consumer_id": "c"})
+    (message,) = page.json()["data"]
+    answers = await asyncio.gather(
+        api.post("/subscriptions/nosuch/acks", json=[message["id"]]),
+        api.post("/subscriptions/t-s/acks", json=[message["id"]]),
+    )
+    assert [a.status_code for a in answers] == [404, 204]
+    assert (await api.get("/subscriptions/t-s/metrics")).json()["acked"] == 1

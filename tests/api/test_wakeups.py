@@ -1,0 +1,130 @@
+"""Wake-ups: only as many waiters as there are messages look, other processes hear of it, none is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import psycopg
+import pytest
+
+from fastpubsub.db.urls import libpq_url
+from tests.api.conftest import ClientFactory
+
+
+async def setup(api: httpx.AsyncClient) -> None:
+    await api.post("/topics", json={"id": "t"})
+    await api.post("/subscriptions", json={"id": "s", "topic_id": "t"})
+
+
+def long_poll(api: httpx.AsyncClient, consumer: str, wait: float = 10) -> asyncio.Task[list[dict]]:
+    async def poll() -> list[dict]:
+        answer = await api.get(
+            "/subscriptions/s/messages",
+            params={"consumer_id": consumer, "batch_size": 1, "wait_seconds": wait},
+        )
+        return list(answer.json()["data"])
+
+    return asyncio.create_task(poll())
+
+
+async def settle_waiters(api: httpx.AsyncClient, count: int) -> None:
+    """Until `count` waiters of s are registered (each has looked once and found nothing)."""
+    hub = api.app.state.hub  # type: ignore[attr-defined]
+    for _ in range(200):
+        queue = hub._queues.get("s")
+        if (
+            queue is not None
+            and len(queue.waiters) == count
+            and not any(w.event.is_set() for w in queue.waiters)
+        ):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{count} waiters did not settle")
+
+
+async def test_a_publish_wakes_as_many_waiters_as_it_has_messages(api: httpx.AsyncClient) -> None:
+    await setup(api)
+    hub = api.app.state.hub  # type: ignore[attr-defined]
+    polls = [long_poll(api, f"c{i}") for i in range(50)]
+    await settle_waiters(api, 50)
+    woken = hub.wakeups
+    await api.post("/topics/t/messages", json=[{"n": 1}])
+    done, pending = await asyncio.wait(polls, timeout=2, return_when=asyncio.FIRST_COMPLETED)
+    (answered,) = done
+    assert answered.result()[0]["payload"] == {"n": 1}
+    await asyncio.sleep(0.3)
+    assert len(pending) == 49  # nobody else was answered
+    assert hub.wakeups - woken == 1  # and nobody else looked
+    woken = hub.wakeups
+    await api.post("/topics/t/messages", json=[{"n": 2}, {"n": 3}, {"n": 4}])
+    done, pending = await asyncio.wait(pending, timeout=2)
+    assert len(done) == 3
+    assert sorted(task.result()[0]["payload"]["n"] for task in done) == [2, 3, 4]
+    assert hub.wakeups - woken == 3
+    hub.begin_stopping()  # the rest answer at once, empty
+    started = time.monotonic()
+    results = await asyncio.gather(*pending)
+    assert results == [[]] * 46
+    assert time.monotonic() - started < 2
+
+
+async def test_another_process_hears_of_a_publish_and_no_data_transaction_notifies(
+    make_api: ClientFactory, database_url: str
+) -> None:
+    a, b = await make_api(), await make_api()  # two server processes, as far as waking goes
+    await setup(a)
+    for app in (a, b):
+        await asyncio.wait_for(app.app.state.hub.connected.wait(), 5)  # type: ignore[attr-defined]
+    with psycopg.connect(libpq_url(database_url), autocommit=True) as listener:
+        listener.execute("LISTEN fastpubsub")
+        poll = long_poll(b, "far")
+        await settle_waiters(b, 1)
+        started = time.monotonic()
+        await a.post("/topics/t/messages", json=[{"n": 1}])
+        (message,) = await asyncio.wait_for(poll, 5)
+        assert message["payload"] == {"n": 1}
+        assert time.monotonic() - started < 1
+        heard = [n.payload for n in listener.notifies(timeout=0.5)]
+    tag = a.app.state.hub.tag  # type: ignore[attr-defined]
+    assert heard == [f"@{tag} s=1"]  # one, from a's sender, none from the publish transaction
+
+
+async def test_a_waiter_that_finds_nothing_keeps_waiting_in_its_place(make_api: ClientFactory) -> None:
+    """Two processes both wake a waiter for one message: the one that loses the race waits on."""
+    a, b = await make_api(), await make_api()
+    await setup(a)
+    for app in (a, b):
+        await asyncio.wait_for(app.app.state.hub.connected.wait(), 5)  # type: ignore[attr-defined]
+    in_a, in_b = long_poll(a, "a", wait=3), long_poll(b, "b", wait=3)
+    await settle_waiters(a, 1)
+    await settle_waiters(b, 1)
+    await a.post("/topics/t/messages", json=[{"n": 1}])
+    await asyncio.sleep(0.5)
+    assert in_a.done() != in_b.done()  # one got it
+    await a.post("/topics/t/messages", json=[{"n": 2}])
+    results = await asyncio.gather(in_a, in_b)
+    assert sorted(r[0]["payload"]["n"] for r in results) == [1, 2]
+
+
+@pytest.mark.parametrize("backoff", [0, 1])
+async def test_a_nack_wakes_a_waiter_now_or_when_the_retry_is_due(
+    api: httpx.AsyncClient, backoff: int
+) -> None:
+    await api.post("/topics", json={"id": "t"})
+    await api.post(
+        "/subscriptions",
+        json={"id": "s", "topic_id": "t", "backoff_min_seconds": backoff, "backoff_max_seconds": backoff},
+    )
+    await api.post("/topics/t/messages", json=[{"n": 1}])
+    page = await api.get("/subscriptions/s/messages", params={"consumer_id": "first"})
+    (message,) = page.json()["data"]
+    poll = long_poll(api, "second")
+    await settle_waiters(api, 1)
+    started = time.monotonic()
+    await api.post("/subscriptions/s/nacks", json=[message["id"]])
+    (again,) = await asyncio.wait_for(poll, 5)
+    assert again["id"] == message["id"]
+    assert again["delivery_attempts"] == 2
+    assert backoff <= time.monotonic() - started < backoff + 0.8

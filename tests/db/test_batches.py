@@ -1,0 +1,103 @@
+"""Group commit in SQL: several publishes or settlements in one transaction, each with its own result."""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+import pytest
+
+from tests.db.sql import consume, consume_full, create_subscription, create_topic, deliveries
+
+
+def publish_batch(conn: psycopg.Connection, requests: list[tuple[str, object, bool]]) -> list[tuple]:
+    return conn.execute(
+        "SELECT * FROM fastpubsub._publish_batch(%s::text[], %s::text[], %s::boolean[])",
+        (
+            [topic for topic, _, _ in requests],
+            [body if isinstance(body, str) else json.dumps(body) for _, body, _ in requests],
+            [envelopes for _, _, envelopes in requests],
+        ),
+    ).fetchall()
+
+
+def settle_batch(conn: psycopg.Connection, requests: list[dict]) -> list[dict]:
+    rows = conn.execute("SELECT * FROM fastpubsub._settle_batch(%s::jsonb)", (json.dumps(requests),))
+    return [row[0] for row in rows]
+
+
+@pytest.fixture
+def topics(conn: psycopg.Connection) -> psycopg.Connection:
+    for topic in ("a", "b"):
+        create_topic(conn, topic)
+        create_subscription(conn, f"{topic}-all", topic, backoff_min=0, backoff_max=0)
+    create_subscription(conn, "a-br", "a", {"country": ["BR"]})
+    return conn
+
+
+def test_requests_keep_their_ids_order_and_fan_out(topics: psycopg.Connection) -> None:
+    rows = publish_batch(
+        topics,
+        [
+            ("a", [{"n": 1, "country": "BR"}, {"n": 2}], False),
+            ("b", [{"n": 3}], False),
+            ("a", [{"payload": {"n": 4}, "delay_seconds": 60}], True),
+            ("a", [{"n": 5}], False),
+        ],
+    )
+    assert [len(row[0]) for row in rows] == [2, 1, 1, 1]
+    ids = [message_id for row in rows for message_id in row[0]]
+    assert ids[:2] + ids[3:] == sorted(ids[:2] + ids[3:])  # one order, across requests
+    assert [(row[1], row[2]) for row in rows] == [
+        (["a-all", "a-br"], [2, 1]),
+        (["b-all"], [1]),
+        (["a-all"], [0]),  # delayed: nothing deliverable yet
+        (["a-all"], [1]),
+    ]
+    assert [row[1]["n"] for row in consume(topics, "a-all", n=10)] == [1, 2, 5]  # publish order
+
+
+def test_one_bad_request_fails_the_whole_batch_and_nothing_is_stored(topics: psycopg.Connection) -> None:
+    with pytest.raises(psycopg.Error) as info:
+        publish_batch(topics, [("a", [{"n": 1}], False), ("a", [1, 2], False), ("b", [{"n": 2}], False)])
+    assert info.value.sqlstate == "FP422"
+    with pytest.raises(psycopg.Error) as info:
+        publish_batch(topics, [("a", [{"n": 1}], False), ("a", "[{not json", False)])
+    assert info.value.sqlstate == "22P02"
+    assert topics.execute("SELECT count(*) FROM fastpubsub.messages").fetchone() == (0,)
+
+
+def test_idempotency_keys_hold_across_requests_of_one_batch(topics: psycopg.Connection) -> None:
+    keyed = [{"payload": {"n": 1}, "idempotency_key": "k"}]
+    first, second = publish_batch(topics, [("a", keyed, True), ("a", keyed, True)])
+    assert first[0] == second[0]
+    assert len(deliveries(topics, "a-all")) == 1
+
+
+def test_settlements_act_in_order_each_with_its_result(topics: psycopg.Connection) -> None:
+    publish_batch(topics, [("a", [{"n": i} for i in range(4)], False)])
+    rows = consume_full(topics, "a-all", "w", 4)
+    ids = [str(row["id"]) for row in rows]
+    results = settle_batch(
+        topics,
+        [
+            {"subscription": "a-all", "action": "ack", "ids": ids[:1]},
+            {"subscription": "a-all", "action": "nack", "ids": ids[1:2]},
+            {"subscription": "a-all", "action": "nack", "receipts": [rows[2]["receipt"]], "requeue": False},
+            {"subscription": "a-all", "action": "extend", "ids": ids[3:], "seconds": 0},
+            {"subscription": "a-all", "action": "ack", "ids": ids[:1]},  # acked already
+        ],
+    )
+    assert results == [
+        {"done": 1, "dead": 0, "ready": 0, "streaming": False, "outcomes": None},
+        {"done": 1, "dead": 0, "ready": 1, "streaming": False, "outcomes": None},  # backoff 0: due now
+        {"done": 1, "dead": 1, "ready": 0, "streaming": False, "outcomes": ["dead_lettered"]},
+        {"done": 1, "dead": 0, "ready": 1, "streaming": False, "outcomes": None},  # lease ended
+        {"done": 0, "dead": 0, "ready": 0, "streaming": False, "outcomes": None},
+    ]
+
+
+def test_an_unknown_subscription_fails_the_batch(topics: psycopg.Connection) -> None:
+    with pytest.raises(psycopg.Error) as info:
+        settle_batch(topics, [{"subscription": "nosuch", "action": "ack", "ids": []}])
+    assert info.value.sqlstate == "FP404"

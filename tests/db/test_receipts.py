@@ -1,0 +1,99 @@
+"""Lease receipts: a receipt settles only the lease it was handed out with, with an outcome each."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+import pytest
+
+from tests.db.sql import consume_full, create_subscription, create_topic, deliveries, expire_leases, publish
+
+
+def receipts_call(conn: psycopg.Connection, function: str, *args: object) -> list[tuple[str, str]]:
+    placeholders = ", ".join(["%s"] * len(args))
+    return conn.execute(f"SELECT * FROM fastpubsub.{function}('s', {placeholders})", args).fetchall()
+
+
+@pytest.fixture
+def queue(conn: psycopg.Connection) -> psycopg.Connection:
+    create_topic(conn, "t")
+    create_subscription(conn, "s", "t", max_attempts=3, backoff_min=0, backoff_max=0)
+    return conn
+
+
+def test_consume_hands_out_a_receipt_per_lease(queue: psycopg.Connection) -> None:
+    publish(queue, "t", [{"n": 1}, {"n": 2}])
+    rows = consume_full(queue, "s", "a", 10)
+    receipts = [row["receipt"] for row in rows]
+    assert len(set(receipts)) == 2
+    assert all(len(receipt) == 32 for receipt in receipts)
+    time.sleep(0.002)
+    expire_leases(queue, "s")
+    again = consume_full(queue, "s", "b", 10)
+    assert {row["id"] for row in again} == {row["id"] for row in rows}
+    assert not {row["receipt"] for row in again} & set(receipts)  # a new lease, a new receipt
+
+
+def test_a_consumer_cannot_settle_a_lease_someone_else_holds_now(queue: psycopg.Connection) -> None:
+    """Consumer A's lease ran out and B took the message: A's receipt is refused, B's works."""
+    publish(queue, "t", [{"n": 1}])
+    (a,) = consume_full(queue, "s", "a", 1)
+    time.sleep(0.002)
+    expire_leases(queue, "s")
+    (b,) = consume_full(queue, "s", "b", 1)
+    assert receipts_call(queue, "ack_receipts", [a["receipt"]]) == [(a["receipt"], "lease not held")]
+    assert receipts_call(queue, "nack_receipts", [a["receipt"]], True) == [(a["receipt"], "lease not held")]
+    assert receipts_call(queue, "extend_lease_receipts", [a["receipt"]], 60) == [
+        (a["receipt"], "lease not held")
+    ]
+    (row,) = deliveries(queue, "s")
+    assert row["consumer_id"] == "b"  # untouched
+    assert receipts_call(queue, "ack_receipts", [b["receipt"]]) == [(b["receipt"], "acknowledged")]
+    assert deliveries(queue, "s") == []
+
+
+def test_each_receipt_gets_its_own_outcome_in_order(queue: psycopg.Connection) -> None:
+    publish(queue, "t", [{"n": i} for i in range(3)])
+    rows = consume_full(queue, "s", "a", 3)
+    given = [rows[0]["receipt"], "not-a-receipt", rows[1]["receipt"], rows[0]["receipt"].swapcase()]
+    assert receipts_call(queue, "ack_receipts", given) == [
+        (given[0], "acknowledged"),
+        (given[1], "invalid receipt"),
+        (given[2], "acknowledged"),
+        (given[3], "lease not held"),  # well formed, but no such lease
+    ]
+    assert [row["message_id"] for row in deliveries(queue, "s")] == [rows[2]["id"]]
+
+
+def test_nack_by_receipt_retries_or_dead_letters_and_requeue_false_skips_the_retries(
+    queue: psycopg.Connection,
+) -> None:
+    publish(queue, "t", [{"n": 1}, {"n": 2}])
+    first, second = consume_full(queue, "s", "a", 2)
+    assert receipts_call(queue, "nack_receipts", [first["receipt"]], True) == [(first["receipt"], "nacked")]
+    assert receipts_call(queue, "nack_receipts", [second["receipt"]], False) == [
+        (second["receipt"], "dead_lettered")
+    ]
+    status = {row["message_id"]: (row["status"], row["attempts"]) for row in deliveries(queue, "s")}
+    assert status == {first["id"]: ("scheduled", 1), second["id"]: ("dlq", 1)}
+
+
+def test_extending_by_receipt_moves_only_that_lease(queue: psycopg.Connection) -> None:
+    publish(queue, "t", [{"n": 1}, {"n": 2}])
+    first, second = consume_full(queue, "s", "a", 2)
+    assert receipts_call(queue, "extend_lease_receipts", [first["receipt"]], 600) == [
+        (first["receipt"], "extended")
+    ]
+    leases = {row["message_id"]: row["lease_until"] for row in deliveries(queue, "s")}
+    assert (leases[first["id"]] - leases[second["id"]]).total_seconds() > 500
+    # the receipt stays valid after an extension: it names the lease, not its deadline
+    assert receipts_call(queue, "ack_receipts", [first["receipt"]]) == [(first["receipt"], "acknowledged")]
+
+
+def test_seconds_out_of_range_are_refused(queue: psycopg.Connection) -> None:
+    publish(queue, "t", [{"n": 1}])
+    (row,) = consume_full(queue, "s", "a", 1)
+    with pytest.raises(psycopg.Error) as info:
+        receipts_call(queue, "extend_lease_receipts", [row["receipt"]], 3601)
+    assert info.value.sqlstate == "FP422"
