@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 from collections import deque
 from dataclasses import dataclass
 from types import TracebackType
@@ -124,15 +125,22 @@ class _TopicQueue:
                 except Exception as exc:
                     self.stats.failed += len(batch)
                     for item in batch:
-                        if not item.outcome.done():
-                            item.outcome.set_exception(exc)
+                        _resolve(item.outcome, exc)
                     continue
                 self.stats.published += len(batch)
                 for item, message_id in zip(batch, ids, strict=True):
-                    if not item.outcome.done():
-                        item.outcome.set_result(message_id)
+                    _resolve(item.outcome, message_id)
         finally:
             self.sender = None
+
+
+def _resolve(outcome: _Outcome, result: UUID | BaseException) -> None:
+    """Give a future its result, unless its owner cancelled it meanwhile."""
+    with contextlib.suppress(asyncio.InvalidStateError, concurrent.futures.InvalidStateError):
+        if isinstance(result, BaseException):
+            outcome.set_exception(result)
+        else:
+            outcome.set_result(result)
 
 
 class _Batches:

@@ -43,7 +43,6 @@ from fastpubsub.client import errors
 from fastpubsub.client.aio import AsyncClient
 from fastpubsub.client.sync import Client
 from fastpubsub.client.transports import Flow, Session, Settlement, Transport, make_transport
-from fastpubsub.exceptions import FastPubSubError
 
 log = logging.getLogger("fastpubsub.client")
 
@@ -147,7 +146,7 @@ class _Settler:
                         await self.transport.extend(self.session, batch, 0)
                     else:
                         await self.transport.settle(self.session, kind, batch)
-                except FastPubSubError as exc:
+                except Exception as exc:
                     # Retries are spent: the leases run out and the messages come again.
                     self.stats.settle_errors += len(batch)
                     log.warning("%s of %d messages failed: %s", kind, len(batch), exc)
@@ -267,7 +266,8 @@ class Consumer:
         except Exception as exc:
             log.error("consuming %s stopped: %s", self.subscription_id, exc)
             self.error = exc
-            asyncio.get_running_loop().create_task(self.close())
+            if self._shutdown is None:
+                self._shutdown = asyncio.get_running_loop().create_task(self._close(self.shutdown_timeout))
 
     def _deliver(self, message: MessageOut, size: int) -> None:
         now = asyncio.get_running_loop().time()
@@ -331,7 +331,8 @@ class Consumer:
                 continue
             try:
                 await self.transport.extend(self._session, [held.message.id for held in due], deadline)
-            except FastPubSubError as exc:
+            except Exception as exc:
+                # Tried again next round, while there is time left on the leases.
                 log.warning("extending %d leases of %s failed: %s", len(due), self.subscription_id, exc)
                 continue
             self.stats.extended += len(due)
