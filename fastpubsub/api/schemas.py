@@ -125,6 +125,7 @@ MESSAGE_EXAMPLE: dict[str, Any] = {
     "created_at": "2026-11-22T10:00:00.123456Z",
     "attributes": {"source": "checkout"},
     "priority": 5,
+    "receipt": "AZC1oDweekGdL1uOHAp_IQAGRP2Bv3lA",
 }
 STREAM_EXAMPLE = (
     f"event: message\nid: {MESSAGE_EXAMPLE['id']}\ndata: {jsoncodec.dumps_text(MESSAGE_EXAMPLE)}\n\n"
@@ -142,6 +143,11 @@ class MessageOut(BaseModel):
     created_at: datetime = Field(description="When it was published (UTC)")
     attributes: dict[str, str] | None = Field(default=None, description="As published")
     priority: int = Field(default=0, description="As published, 0-9")
+    receipt: str | None = Field(
+        default=None,
+        description="Names this delivery's lease: acks, nacks and lease changes by receipt act on this "
+        "lease only (null outside a lease, as in the DLQ)",
+    )
 
 
 class PublishMessage(Body):

@@ -19,10 +19,13 @@ server. docs/client.md is the guide.
 """
 
 from fastpubsub.api.schemas import (
+    AckResults,
     ClientCreated,
     ClientOut,
+    LeaseResults,
     MessageOut,
     MetricsOut,
+    NackResults,
     PublishMessage,
     SeekResult,
     SubscriptionOut,
@@ -51,7 +54,7 @@ from fastpubsub.client.subscriber import (
     Subscriber,
 )
 from fastpubsub.client.sync import Client
-from fastpubsub.client.transports import PollTransport, StreamTransport, Transport
+from fastpubsub.client.transports import Lease, PollTransport, StreamTransport, Transport
 
 Message = MessageOut
 """A consumed message: id, subscription_id, payload, attributes, priority, delivery_attempts, created_at."""
@@ -59,6 +62,7 @@ Message = MessageOut
 __all__ = [
     "UNSET",
     "APIError",
+    "AckResults",
     "AlreadyExistsError",
     "AsyncClient",
     "AsyncPublisher",
@@ -75,9 +79,12 @@ __all__ = [
     "ConsumerStats",
     "DatabaseUnavailableError",
     "InvalidInputError",
+    "Lease",
+    "LeaseResults",
     "Message",
     "MessageOut",
     "MetricsOut",
+    "NackResults",
     "NotFoundError",
     "PayloadTooLargeError",
     "PermissionDeniedError",

@@ -20,10 +20,13 @@ from fastpubsub.api.schemas import (
     MAX_CONSUMER_ID_LENGTH,
     MAX_IDS,
     MAX_WAIT_SECONDS,
+    AckResults,
     ClientCreated,
     ClientOut,
+    LeaseResults,
     MessageOut,
     MetricsOut,
+    NackResults,
     PublishMessage,
     SeekResult,
     SubscriptionOut,
@@ -295,29 +298,77 @@ class AsyncClient:
         return [parse_message(raw) for raw in jsoncodec.loads(response.content)["data"]]
 
     async def ack(self, subscription_id: str, ids: Sequence[UUID | str]) -> None:
-        """Acknowledge leased messages (ids not leased on this subscription are ignored)."""
-        await self._settle(subscription_id, "acks", ids)
+        """Acknowledge leased messages by id (any current lease; ids not leased here are ignored)."""
+        await self._by_id(subscription_id, "acks", ids)
 
-    async def nack(self, subscription_id: str, ids: Sequence[UUID | str]) -> None:
-        """Give leased messages back: retried after the backoff, or dead-lettered with no attempt left."""
-        await self._settle(subscription_id, "nacks", ids)
+    async def nack(self, subscription_id: str, ids: Sequence[UUID | str], *, requeue: bool = True) -> None:
+        """Give leased messages back by id: retried after the backoff, or dead-lettered with no attempt
+        left (at once with `requeue=False`)."""
+        await self._by_id(subscription_id, "nacks", ids, requeue=requeue)
 
-    async def _settle(self, subscription_id: str, kind: str, ids: Sequence[UUID | str]) -> None:
+    async def _by_id(
+        self, subscription_id: str, kind: str, ids: Sequence[UUID | str], requeue: bool = True
+    ) -> None:
+        params = None if requeue else {"requeue": "false"}
+        url = path("subscriptions", subscription_id, kind)
         for chunk in chunks(ids):
             # Repeating a settlement changes nothing: the lease is gone after the first.
-            await self._json(
-                "POST", path("subscriptions", subscription_id, kind), body=chunk, idempotent=True
-            )
+            await self._json("POST", url, body=chunk, params=params, idempotent=True)
 
     async def extend_leases(self, subscription_id: str, ids: Sequence[UUID | str], seconds: int) -> None:
         """Leases of these messages end `seconds` (0-3600) from now; 0 gives them back at once."""
+        url = path("subscriptions", subscription_id, "leases")
         for chunk in chunks(ids):
-            await self._json(
-                "POST",
-                path("subscriptions", subscription_id, "leases"),
-                body={"ids": chunk, "seconds": seconds},
-                idempotent=True,
-            )
+            await self._json("POST", url, body={"ids": chunk, "seconds": seconds}, idempotent=True)
+
+    async def ack_receipts(self, subscription_id: str, receipts: Sequence[str]) -> AckResults:
+        """Acknowledge the leases these receipts name (each message's `receipt`), and only those:
+        a lease that ran out (the message may be someone else's now) is reported as failed."""
+        answers = await self._by_receipt(subscription_id, "acks", receipts)
+        return AckResults(
+            acknowledged=[r for a in answers for r in a["acknowledged"]],
+            failed=[f for a in answers for f in a["failed"]],
+        )
+
+    async def nack_receipts(
+        self, subscription_id: str, receipts: Sequence[str], *, requeue: bool = True
+    ) -> NackResults:
+        """`nack` for the leases these receipts name, with the outcome of each."""
+        answers = await self._by_receipt(subscription_id, "nacks", receipts, requeue=requeue)
+        return NackResults(
+            nacked=[r for a in answers for r in a["nacked"]],
+            dead_lettered=[r for a in answers for r in a["dead_lettered"]],
+            failed=[f for a in answers for f in a["failed"]],
+        )
+
+    async def extend_receipts(
+        self, subscription_id: str, receipts: Sequence[str], seconds: int
+    ) -> LeaseResults:
+        """`extend_leases` for the leases these receipts name, with the outcome of each."""
+        answers = await self._by_receipt(subscription_id, "leases", receipts, seconds=seconds)
+        return LeaseResults(
+            extended=[r for a in answers for r in a["extended"]],
+            failed=[f for a in answers for f in a["failed"]],
+        )
+
+    async def _by_receipt(
+        self,
+        subscription_id: str,
+        kind: str,
+        receipts: Sequence[str],
+        *,
+        requeue: bool = True,
+        seconds: int | None = None,
+    ) -> list[Any]:
+        params = None if requeue else {"requeue": "false"}
+        url = path("subscriptions", subscription_id, kind)
+        answers = []
+        for start in range(0, len(receipts), MAX_IDS):
+            body: dict[str, Any] = {"receipts": list(receipts[start : start + MAX_IDS])}
+            if seconds is not None:
+                body["seconds"] = seconds
+            answers.append(await self._json("POST", url, body=body, params=params, idempotent=True))
+        return answers
 
     async def stream(
         self, subscription_id: str, *, max_in_flight: int = 10, consumer_id: str | None = None

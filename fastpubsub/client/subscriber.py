@@ -11,9 +11,12 @@
   `max_lease_seconds` in all;
 * a callback that returns acks its message; one that raises nacks it (retried
   after the subscription's backoff, dead-lettered after its
-  max_delivery_attempts) or, with `on_error="lapse"`, lets its lease run out;
+  max_delivery_attempts), or with `on_error="dead_letter"` dead-letters it at
+  once, or with `on_error="lapse"` lets its lease run out;
 * acks and nacks are sent in batches: one request at a time per kind, carrying
-  everything settled meanwhile (up to `settle_batch_size` ids);
+  everything settled meanwhile (up to `settle_batch_size`), by lease receipt,
+  so that a lease that ran out here is never settled on another consumer's
+  behalf (counted in `stats.lost`);
 * `close()` stops receiving, gives back the messages no callback has started
   (their leases end at once, which counts as a delivery attempt), waits up to
   `shutdown_timeout` for the running callbacks, gives back what is still
@@ -42,7 +45,7 @@ from fastpubsub.api.schemas import MAX_IDS, MessageOut
 from fastpubsub.client import errors
 from fastpubsub.client.aio import AsyncClient
 from fastpubsub.client.sync import Client
-from fastpubsub.client.transports import Flow, Session, Settlement, Transport, make_transport
+from fastpubsub.client.transports import Flow, Lease, Session, Settlement, Transport, make_transport
 
 log = logging.getLogger("fastpubsub.client")
 
@@ -65,8 +68,8 @@ class ConsumeOptions(TypedDict, total=False):
     """Callbacks running at once (default 10): threads for a plain function, tasks for an async one."""
     transport: Literal["stream", "poll"] | Transport
     """How messages come: "stream" (server-sent events, the default), "poll" (long-polls) or a Transport."""
-    on_error: Literal["nack", "lapse"]
-    """When the callback raises: nack the message (default) or let its lease run out."""
+    on_error: Literal["nack", "dead_letter", "lapse"]
+    """When the callback raises: nack the message (default), dead-letter it now, or let its lease run out."""
     ack_deadline_seconds: int | None
     """The subscription's ack deadline (default: read from the subscription)."""
     max_lease_seconds: float
@@ -90,6 +93,8 @@ class ConsumerStats:
     extended: int = 0
     callback_errors: int = 0
     settle_errors: int = 0
+    lost: int = 0
+    """Settlements and extensions refused because the lease had run out (the message comes again)."""
 
 
 @dataclass(eq=False)
@@ -100,13 +105,22 @@ class _Held:
     size: int
     received: float
     lease_until: float
+    receipt: str | None
     task: asyncio.Task[None] | None = None
     started: bool = False
+    lost: bool = False  # the lease ran out: no more extensions
+
+    @property
+    def lease(self) -> Lease:
+        return Lease(self.message.id, self.receipt)
+
+
+Kind = Settlement | Literal["release"]
 
 
 @dataclass
 class _Queue:
-    ids: list[UUID] = field(default_factory=list)
+    leases: list[Lease] = field(default_factory=list)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -114,7 +128,7 @@ class _Queue:
 class _Settler:
     """Acks, nacks and releases in batches: one request per kind at a time, with all that waits."""
 
-    KINDS: tuple[Settlement | Literal["release"], ...] = ("ack", "nack", "release")
+    KINDS: tuple[Kind, ...] = ("ack", "nack", "dead_letter", "release")
 
     def __init__(self, transport: Transport, session: Session, batch_size: int, stats: ConsumerStats) -> None:
         if not 1 <= batch_size <= MAX_IDS:
@@ -126,37 +140,39 @@ class _Settler:
         self.queues = {kind: _Queue() for kind in self.KINDS}
         self.tasks = [asyncio.get_running_loop().create_task(self._send(kind)) for kind in self.KINDS]
 
-    def add(self, kind: Settlement | Literal["release"], message_id: UUID) -> None:
+    def add(self, kind: Kind, lease: Lease) -> None:
         queue = self.queues[kind]
-        queue.ids.append(message_id)
+        queue.leases.append(lease)
         queue.idle.clear()
         queue.wake.set()
 
-    async def _send(self, kind: Settlement | Literal["release"]) -> None:
+    async def _send(self, kind: Kind) -> None:
         queue = self.queues[kind]
         while True:
             queue.idle.set()
             await queue.wake.wait()
             queue.wake.clear()
-            while queue.ids:
-                batch = queue.ids[: self.batch_size]
-                del queue.ids[: self.batch_size]
+            while queue.leases:
+                batch = queue.leases[: self.batch_size]
+                del queue.leases[: self.batch_size]
                 try:
                     if kind == "release":
-                        await self.transport.extend(self.session, batch, 0)
+                        not_held = await self.transport.extend(self.session, batch, 0)
                     else:
-                        await self.transport.settle(self.session, kind, batch)
+                        not_held = await self.transport.settle(self.session, kind, batch)
                 except Exception as exc:
                     # Retries are spent: the leases run out and the messages come again.
                     self.stats.settle_errors += len(batch)
                     log.warning("%s of %d messages failed: %s", kind, len(batch), exc)
                     continue
+                self.stats.lost += len(not_held)
+                done = len(batch) - len(not_held)
                 if kind == "ack":
-                    self.stats.acked += len(batch)
-                elif kind == "nack":
-                    self.stats.nacked += len(batch)
+                    self.stats.acked += done
+                elif kind == "release":
+                    self.stats.released += done
                 else:
-                    self.stats.released += len(batch)
+                    self.stats.nacked += done
 
     async def drain(self) -> None:
         """Wait until everything added has been sent, then stop."""
@@ -189,8 +205,8 @@ class Consumer:
         self.flow = Flow(options.get("max_messages", 100), options.get("max_bytes", 100 * 2**20))
         self.transport = make_transport(options.get("transport", "stream"))
         self.on_error = options.get("on_error", "nack")
-        if self.on_error not in ("nack", "lapse"):
-            raise ValueError('on_error must be "nack" or "lapse"')
+        if self.on_error not in ("nack", "dead_letter", "lapse"):
+            raise ValueError('on_error must be "nack", "dead_letter" or "lapse"')
         self.ack_deadline = options.get("ack_deadline_seconds")
         self.max_lease_seconds = options.get("max_lease_seconds", 3600.0)
         self.settle_batch_size = options.get("settle_batch_size", MAX_IDS)
@@ -274,11 +290,12 @@ class Consumer:
         deadline = float(self.ack_deadline or FALLBACK_ACK_DEADLINE)
         held = self._held.get(message.id)
         if held is not None:
-            # Its lease ran out here and it came back: the callback already has it.
-            held.lease_until = now + deadline
+            # Its lease ran out here and it came back: the callback already has it; this lease
+            # is the one to settle now.
+            held.lease_until, held.receipt, held.lost = now + deadline, message.receipt, False
             return
         self.stats.received += 1
-        held = _Held(message, size, now, now + deadline)
+        held = _Held(message, size, now, now + deadline, message.receipt)
         self._held[message.id] = held
         self.flow.add(size)
         held.task = asyncio.get_running_loop().create_task(self._handle(held))
@@ -301,12 +318,12 @@ class Consumer:
                 log.exception(
                     "the callback failed on message %s of %s", held.message.id, self.subscription_id
                 )
-                outcome = "nack" if self.on_error == "nack" else None
+                outcome = None if self.on_error == "lapse" else self.on_error
         if self._held.get(held.message.id) is not held:
             return  # given back by close() while the callback ran
         self._forget(held)
         if outcome is not None and self._settler is not None:
-            self._settler.add(outcome, held.message.id)
+            self._settler.add(outcome, held.lease)
 
     def _forget(self, held: _Held) -> None:
         del self._held[held.message.id]
@@ -325,19 +342,24 @@ class Consumer:
             due = [
                 held
                 for held in self._held.values()
-                if held.lease_until - now <= margin and now - held.received < self.max_lease_seconds
+                if held.lease_until - now <= margin
+                and now - held.received < self.max_lease_seconds
+                and not held.lost
             ]
             if not due:
                 continue
             try:
-                await self.transport.extend(self._session, [held.message.id for held in due], deadline)
+                not_held = set(await self.transport.extend(self._session, [h.lease for h in due], deadline))
             except Exception as exc:
                 # Tried again next round, while there is time left on the leases.
                 log.warning("extending %d leases of %s failed: %s", len(due), self.subscription_id, exc)
                 continue
-            self.stats.extended += len(due)
+            self.stats.extended += len(due) - len(not_held)
             for held in due:
-                held.lease_until = now + deadline
+                if held.message.id in not_held:
+                    held.lost = True  # it will come again; the callback's outcome will not count
+                else:
+                    held.lease_until = now + deadline
 
     # -- shutting down --------------------------------------------------------------------------
     async def _close(self, grace: float) -> None:
@@ -371,7 +393,7 @@ class Consumer:
             held.task.cancel()
         self._forget(held)
         if self._settler is not None:
-            self._settler.add("release", held.message.id)
+            self._settler.add("release", held.lease)
 
 
 class Subscriber:

@@ -13,7 +13,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 from uuid import UUID
 
 import httpx
@@ -38,7 +38,15 @@ TRANSIENT = (
     httpx.TransportError,
 )
 
-Settlement = Literal["ack", "nack"]
+Settlement = Literal["ack", "nack", "dead_letter"]
+
+
+class Lease(NamedTuple):
+    """A message a consumer holds: its id and the receipt of its current lease."""
+
+    id: UUID
+    receipt: str | None
+    """None from a server that sends no receipts: then settled by id."""
 
 
 class Flow:
@@ -108,26 +116,58 @@ class Transport(Protocol):
         """Deliver messages until cancelled; raise only what trying again cannot fix."""
         ...
 
-    async def settle(self, session: Session, kind: Settlement, ids: Sequence[UUID]) -> None:
-        """Ack or nack these messages."""
+    async def settle(self, session: Session, kind: Settlement, leases: Sequence[Lease]) -> list[UUID]:
+        """Ack, nack or dead-letter these leases; the ids whose lease was no longer held."""
         ...
 
-    async def extend(self, session: Session, ids: Sequence[UUID], seconds: int) -> None:
-        """Leases of these messages end `seconds` from now (0: give them back)."""
+    async def extend(self, session: Session, leases: Sequence[Lease], seconds: int) -> list[UUID]:
+        """These leases end `seconds` from now (0: give them back); the ids whose lease was no longer held."""
         ...
 
 
 class HttpSettlement:
-    """Acks, nacks and lease changes through the HTTP endpoints (batched by the caller)."""
+    """Acks, nacks and lease changes through the HTTP endpoints (batched by the caller), by receipt.
 
-    async def settle(self, session: Session, kind: Settlement, ids: Sequence[UUID]) -> None:
+    Settling by receipt touches only the lease the receipt names: a message
+    whose lease ran out here and that another consumer holds now is left to
+    that consumer (and reported as no longer held).
+    """
+
+    async def settle(self, session: Session, kind: Settlement, leases: Sequence[Lease]) -> list[UUID]:
+        client, subscription_id = session.client, session.subscription_id
+        receipts = _receipts(leases)
+        if receipts is None:
+            ids = [lease.id for lease in leases]
+            if kind == "ack":
+                await client.ack(subscription_id, ids)
+            else:
+                await client.nack(subscription_id, ids, requeue=kind == "nack")
+            return []
         if kind == "ack":
-            await session.client.ack(session.subscription_id, ids)
+            failed = (await client.ack_receipts(subscription_id, receipts)).failed
         else:
-            await session.client.nack(session.subscription_id, ids)
+            failed = (await client.nack_receipts(subscription_id, receipts, requeue=kind == "nack")).failed
+        return _not_held(leases, [f.receipt for f in failed])
 
-    async def extend(self, session: Session, ids: Sequence[UUID], seconds: int) -> None:
-        await session.client.extend_leases(session.subscription_id, ids, seconds)
+    async def extend(self, session: Session, leases: Sequence[Lease], seconds: int) -> list[UUID]:
+        receipts = _receipts(leases)
+        if receipts is None:
+            await session.client.extend_leases(
+                session.subscription_id, [lease.id for lease in leases], seconds
+            )
+            return []
+        failed = (await session.client.extend_receipts(session.subscription_id, receipts, seconds)).failed
+        return _not_held(leases, [f.receipt for f in failed])
+
+
+def _receipts(leases: Sequence[Lease]) -> list[str] | None:
+    receipts = [lease.receipt for lease in leases if lease.receipt is not None]
+    return receipts if len(receipts) == len(leases) else None
+
+
+def _not_held(leases: Sequence[Lease], receipts: Sequence[str]) -> list[UUID]:
+    by_receipt = {lease.receipt: lease.id for lease in leases}
+    return [by_receipt[receipt] for receipt in receipts if receipt in by_receipt]
 
 
 async def pause_after_failure(session: Session, failures: int, exc: BaseException) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -219,3 +220,26 @@ async def test_server_sent_events_are_parsed_across_chunk_boundaries() -> None:
         (b"message", b"no event field"),
         (b"error", b'{"detail": "gone"}'),
     ]  # the last, unfinished event is not delivered
+
+
+def test_settling_by_receipt_touches_only_the_lease_it_names(server: Server) -> None:
+    with Client(server.url) as client:
+        client.create_topic("t")
+        client.create_subscription("s", "t", ack_deadline_seconds=1)
+        client.publish_batch("t", [_message({"n": n}) for n in range(3)])  # type: ignore[list-item]
+        first = client.pull("s", 3, consumer_id="a")
+        assert all(m.receipt is not None for m in first)
+        receipts = [m.receipt for m in first if m.receipt is not None]
+        assert client.extend_receipts("s", receipts[:1], 60).extended == receipts[:1]
+        time.sleep(1.2)  # the other two leases run out
+        second = client.pull("s", 3, consumer_id="b")
+        assert sorted(m.id for m in second) == sorted(m.id for m in first[1:])
+
+        stale = client.ack_receipts("s", receipts[1:])
+        assert stale.acknowledged == []
+        assert [(f.receipt, f.reason) for f in stale.failed] == [(r, "lease not held") for r in receipts[1:]]
+        assert client.ack_receipts("s", receipts[:1]).acknowledged == receipts[:1]
+        dead = client.nack_receipts("s", [m.receipt for m in second if m.receipt], requeue=False)
+        assert len(dead.dead_lettered) == 2
+        metrics = client.metrics("s")
+        assert (metrics.acked, metrics.dlq, metrics.delivered) == (1, 2, 0)

@@ -152,6 +152,45 @@ def test_on_error_lapse_lets_the_lease_run_out(server: Server) -> None:
         assert consumer.stats.nacked == 0
 
 
+def test_on_error_dead_letter_skips_the_retries(server: Server) -> None:
+    with Client(server.url) as client:
+        client.create_topic("t")
+        client.create_subscription("s", "t", max_delivery_attempts=5)
+        publish(client, "t", 1)
+
+        def handle(message: MessageOut) -> None:
+            raise ValueError("never going to work")
+
+        with Subscriber(client) as subscriber:
+            consumer = subscriber.subscribe("s", handle, on_error="dead_letter")
+            wait_until(lambda: client.metrics("s").dlq == 1, 30, "the dead letter")
+        assert consumer.stats.nacked == 1
+        assert client.list_dlq("s")[0].delivery_attempts == 1
+
+
+def test_a_late_callback_never_settles_another_consumers_lease(server: Server) -> None:
+    """Leases settle by receipt: once this consumer's lease has run out, its ack changes nothing."""
+    with Client(server.url) as client:
+        client.create_topic("t")
+        client.create_subscription("s", "t", ack_deadline_seconds=1)
+        publish(client, "t", 1)
+        taken_by_other: list[MessageOut] = []
+
+        def handle(message: MessageOut) -> None:
+            time.sleep(2.5)  # extended for 1 s only: the lease runs out meanwhile
+            taken_by_other.extend(client.pull("s", 1, consumer_id="other"))
+
+        with Subscriber(client) as subscriber:
+            consumer = subscriber.subscribe(
+                "s", handle, max_messages=1, max_lease_seconds=1, transport="poll"
+            )
+            wait_until(lambda: consumer.stats.lost == 1, 30, "the refused ack")
+        assert len(taken_by_other) == 1
+        assert consumer.stats.acked == 0
+        metrics = client.metrics("s")
+        assert (metrics.acked, metrics.delivered) == (0, 1)  # the other consumer's lease stands
+
+
 def test_flow_control_holds_at_most_max_messages(server: Server) -> None:
     with Client(server.url) as client:
         client.create_topic("t")

@@ -108,7 +108,7 @@ def test_a_rolled_back_transaction_delivers_nothing_and_a_committed_one_delivers
         True,
     )
     (notify,) = listener.notifies(timeout=5, stop_after=1)  # waiting consumers hear of it at commit
-    assert notify.payload == "order-emails"
+    assert notify.payload == "order-emails=2"  # the subscription, and how many it can deliver now
     assert consumed(conn) == [
         (ids[0], {"order_id": 2}, {"source": "shop"}, 0),
         (ids[1], {"order_id": 3}, {"source": "shop"}, 0),
