@@ -105,15 +105,16 @@ def _invalid(message: str) -> typer.Exit:
     return cli.fail(message, cli.EXIT_CODES[InvalidInputError])
 
 
-def _json_object(text: str, what: str) -> dict[str, Any]:
+def _payload(text: str, what: str) -> dict[str, Any]:
+    """A JSON object given on the command line or stdin (a message, a filter)."""
     from fastpubsub import jsoncodec
 
     try:
         value = jsoncodec.loads(text)
     except ValueError as exc:
-        raise _invalid(f"{what} is not JSON: {exc}") from None
+        raise InvalidInputError(f"{what} is not JSON: {exc}") from None
     if not isinstance(value, dict):
-        raise _invalid(f"{what} must be a JSON object, not {type(value).__name__}")
+        raise InvalidInputError(f"{what} must be a JSON object, not {type(value).__name__}")
     return value
 
 
@@ -121,7 +122,10 @@ def _filter(text: str | None) -> dict[str, Any] | None:
     """--filter: a JSON object, or `null` for none."""
     if text is None or text.strip() == "null":
         return None
-    return _json_object(text, "--filter")
+    try:
+        return _payload(text, "--filter")
+    except InvalidInputError as exc:
+        raise _invalid(exc.message) from None
 
 
 def _dump(value: Any) -> str:
@@ -217,6 +221,21 @@ def topics_delete(topic_id: TopicArg, url: Url = None) -> None:
 # -- subscriptions ---------------------------------------------------------------------------------
 
 
+def _policy(
+    max_delivery_attempts: int | None,
+    backoff_min: int | None,
+    backoff_max: int | None,
+    ack_deadline: int | None,
+) -> dict[str, int | None]:
+    """The delivery-policy options by the API's names (None: the server's default, or unchanged)."""
+    return {
+        "max_delivery_attempts": max_delivery_attempts,
+        "backoff_min_seconds": backoff_min,
+        "backoff_max_seconds": backoff_max,
+        "ack_deadline_seconds": ack_deadline,
+    }
+
+
 @subscriptions_app.command("create")
 def subscriptions_create(
     subscription_id: SubscriptionArg,
@@ -231,16 +250,11 @@ def subscriptions_create(
 ) -> None:
     """Create a subscription (policies left out take the server's defaults)."""
     subscription_filter = _filter(filter_json)
+    policy = _policy(max_delivery_attempts, backoff_min, backoff_max, ack_deadline)
     subscription = _call(
         url,
         lambda client: client.create_subscription(
-            subscription_id,
-            topic,
-            filter=subscription_filter,
-            max_delivery_attempts=max_delivery_attempts,
-            backoff_min_seconds=backoff_min,
-            backoff_max_seconds=backoff_max,
-            ack_deadline_seconds=ack_deadline,
+            subscription_id, topic, filter=subscription_filter, **policy
         ),
     )
     if as_json:
@@ -287,16 +301,9 @@ def subscriptions_update(
     from fastpubsub.client import UNSET
 
     subscription_filter = UNSET if filter_json is None else _filter(filter_json)
+    policy = _policy(max_delivery_attempts, backoff_min, backoff_max, ack_deadline)
     subscription = _call(
-        url,
-        lambda client: client.update_subscription(
-            subscription_id,
-            filter=subscription_filter,
-            max_delivery_attempts=max_delivery_attempts,
-            backoff_min_seconds=backoff_min,
-            backoff_max_seconds=backoff_max,
-            ack_deadline_seconds=ack_deadline,
-        ),
+        url, lambda client: client.update_subscription(subscription_id, filter=subscription_filter, **policy)
     )
     _fields(subscription, as_json)
 
@@ -336,19 +343,6 @@ def subscriptions_seek(
 
 
 # -- publish, pull, tail ---------------------------------------------------------------------------
-
-
-def _payload(text: str, what: str) -> dict[str, Any]:
-    """A message given on the command line or stdin: a JSON object."""
-    from fastpubsub import jsoncodec
-
-    try:
-        value = jsoncodec.loads(text)
-    except ValueError as exc:
-        raise InvalidInputError(f"{what} is not JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise InvalidInputError(f"{what} must be a JSON object, not {type(value).__name__}")
-    return value
 
 
 def publish(

@@ -8,8 +8,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from types import TracebackType
-from typing import Any, Final, Self, TypedDict, Unpack
+from typing import Any, Final, TypedDict, Unpack
 from uuid import UUID
 
 import httpx
@@ -32,6 +31,7 @@ from fastpubsub.api.schemas import (
     SubscriptionOut,
     TopicOut,
 )
+from fastpubsub.client.closing import AsyncClosing
 from fastpubsub.client.http import Connection, Credentials, Retry, path
 
 
@@ -100,7 +100,7 @@ class PublishOptions(TypedDict, total=False):
     """0-9, higher first (default 0)."""
 
 
-class AsyncClient:
+class AsyncClient(AsyncClosing):
     """A fastpubsub server over HTTP, from async code.
 
     `url` is the server (e.g. http://127.0.0.1:8000); `options` are
@@ -128,14 +128,6 @@ class AsyncClient:
             retry=options.get("retry") or Retry(),
             transport=options.get("transport"),
         )
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Close the connections."""

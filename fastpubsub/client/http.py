@@ -234,21 +234,9 @@ class Connection:
                 continue
             raise errors.for_status(response.status_code, _detail(response), method, request.url.path)
 
-    async def json(
-        self,
-        method: str,
-        url: str,
-        *,
-        body: Any = None,
-        content: bytes | None = None,
-        params: Mapping[str, Any] | None = None,
-        idempotent: bool,
-        authorize: bool = True,
-    ) -> Any:
-        """Send a request and return its JSON answer (None for an empty one)."""
-        response = await self.send(
-            method, url, body=body, content=content, params=params, idempotent=idempotent, authorize=authorize
-        )
+    async def json(self, method: str, url: str, **options: Any) -> Any:
+        """`send` (same arguments), then the JSON answer (None for an empty one)."""
+        response = await self.send(method, url, **options)
         return jsoncodec.loads(response.content) if response.content else None
 
 

@@ -18,11 +18,11 @@ import concurrent.futures
 import contextlib
 from collections import deque
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, Protocol, Self, Unpack
+from typing import Any, Protocol, Unpack
 from uuid import UUID
 
 from fastpubsub.client.aio import AsyncClient, PublishOptions, encode, envelope
+from fastpubsub.client.closing import AsyncClosing, Closing
 from fastpubsub.client.sync import Client
 
 
@@ -169,7 +169,7 @@ def _prepare(payload: Any, options: PublishOptions) -> tuple[bytes, bool]:
     return encode(message), message.idempotency_key is not None
 
 
-class Publisher:
+class Publisher(Closing):
     """Batching publisher for blocking code; its work runs on the Client's event loop.
 
     `publish` checks the message, queues it and returns a
@@ -203,16 +203,8 @@ class Publisher:
         self._closed = True
         self.flush()
 
-    def __enter__(self) -> Self:
-        return self
 
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-
-class AsyncPublisher:
+class AsyncPublisher(AsyncClosing):
     """Batching publisher for async code: `publish` returns an awaitable of the message id."""
 
     def __init__(self, client: AsyncClient, batching: Batching | None = None) -> None:
@@ -238,11 +230,3 @@ class AsyncPublisher:
         """Flush, then refuse further messages."""
         self._closed = True
         await self.flush()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()

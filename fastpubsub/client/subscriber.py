@@ -37,13 +37,13 @@ import signal
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Any, Literal, Self, TypedDict, Unpack
+from typing import Any, Literal, TypedDict, Unpack
 from uuid import UUID
 
 from fastpubsub.api.schemas import MAX_IDS, MessageOut
 from fastpubsub.client import errors
 from fastpubsub.client.aio import AsyncClient
+from fastpubsub.client.closing import AsyncClosing, Closing
 from fastpubsub.client.sync import Client
 from fastpubsub.client.transports import Flow, Lease, Session, Settlement, Transport, make_transport
 
@@ -396,7 +396,7 @@ class Consumer:
             self._settler.add("release", held.lease)
 
 
-class Subscriber:
+class Subscriber(Closing):
     """Consumes subscriptions with callbacks, from blocking code (see the module docstring).
 
     ```python
@@ -445,16 +445,8 @@ class Subscriber:
         """Close every consumer (see Consumer.close)."""
         self.client.loop.run(_close_all(self.consumers, grace))
 
-    def __enter__(self) -> Self:
-        return self
 
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-
-class AsyncSubscriber:
+class AsyncSubscriber(AsyncClosing):
     """Consumes subscriptions with callbacks, from async code (see the module docstring)."""
 
     def __init__(self, client: AsyncClient) -> None:
@@ -488,20 +480,12 @@ class AsyncSubscriber:
         finally:
             for signum in handled:
                 loop.remove_signal_handler(signum)
-            await self.close()
+            await self.aclose()
         _raise_first_error(self.consumers)
 
-    async def close(self, grace: float | None = None) -> None:
+    async def aclose(self, grace: float | None = None) -> None:
         """Close every consumer (see Consumer.close)."""
         await _close_all(self.consumers, grace)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
 
 
 async def _close_all(consumers: Sequence[Consumer], grace: float | None) -> None:

@@ -14,10 +14,10 @@ import concurrent.futures
 import functools
 import threading
 from collections.abc import Callable, Coroutine
-from types import TracebackType
 from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, Unpack, overload
 
 from fastpubsub.client.aio import AsyncClient, ClientOptions
+from fastpubsub.client.closing import Closing
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -86,7 +86,7 @@ class blocking(Generic[P, T]):
         return call
 
 
-class Client:
+class Client(Closing):
     """A fastpubsub server over HTTP, from blocking code: the same arguments and calls as AsyncClient."""
 
     def __init__(self, url: str, **options: Unpack[ClientOptions]) -> None:
@@ -100,14 +100,6 @@ class Client:
     @property
     def consumer_id(self) -> str:
         return self.aio.consumer_id
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def close(self) -> None:
         """Close the connections and stop the client's thread."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, NoReturn, overload
+from typing import TYPE_CHECKING, Any, NoReturn, TypedDict, Unpack, overload
 from uuid import UUID
 
 from fastpubsub import jsoncodec
@@ -58,16 +58,21 @@ _SQLALCHEMY_SQL = {
 }
 
 
+class Options(TypedDict, total=False):
+    """Options `publish` gives every message of the call (see publish_envelopes for one each)."""
+
+    attributes: Mapping[str, str]
+    delay_seconds: float
+    deliver_at: datetime
+    priority: int
+
+
 @overload
 def publish(
     connection: SyncConnection,
     topic_id: str,
     payloads: Iterable[Mapping[str, Any]],
-    *,
-    attributes: Mapping[str, str] | None = None,
-    delay_seconds: float | None = None,
-    deliver_at: datetime | None = None,
-    priority: int | None = None,
+    **options: Unpack[Options],
 ) -> list[UUID]: ...
 
 
@@ -76,11 +81,7 @@ def publish(
     connection: AsyncConnection,
     topic_id: str,
     payloads: Iterable[Mapping[str, Any]],
-    *,
-    attributes: Mapping[str, str] | None = None,
-    delay_seconds: float | None = None,
-    deliver_at: datetime | None = None,
-    priority: int | None = None,
+    **options: Unpack[Options],
 ) -> Awaitable[list[UUID]]: ...
 
 
@@ -88,27 +89,13 @@ def publish(
     connection: SyncConnection | AsyncConnection,
     topic_id: str,
     payloads: Iterable[Mapping[str, Any]],
-    *,
-    attributes: Mapping[str, str] | None = None,
-    delay_seconds: float | None = None,
-    deliver_at: datetime | None = None,
-    priority: int | None = None,
+    **options: Unpack[Options],
 ) -> list[UUID] | Awaitable[list[UUID]]:
     """Publish JSON objects to `topic_id` in the connection's transaction; their ids, in order.
 
-    The options apply to every message of the call; `publish_envelopes` gives
-    each message its own.
+    `options` (attributes, delay_seconds or deliver_at, priority) apply to
+    every message of the call; `publish_envelopes` gives each message its own.
     """
-    options = {
-        key: value
-        for key, value in (
-            ("attributes", attributes),
-            ("delay_seconds", delay_seconds),
-            ("deliver_at", deliver_at),
-            ("priority", priority),
-        )
-        if value is not None
-    }
     if not options:
         return _call(connection, topic_id, list(payloads), envelopes=False)
     return _call(connection, topic_id, [{"payload": p, **options} for p in payloads], envelopes=True)

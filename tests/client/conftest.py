@@ -6,7 +6,12 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.e2e.conftest import Server, base_env, run_server  # noqa: F401 - run_server is a fixture
+from tests.e2e.conftest import (  # noqa: F401 - own_postgres and run_server are fixtures
+    Server,
+    base_env,
+    own_postgres,
+    run_server,
+)
 
 
 @pytest.fixture

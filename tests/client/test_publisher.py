@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,7 +21,7 @@ from fastpubsub.client import (
     Publisher,
     Retry,
 )
-from fastpubsub.embedded import EPHEMERAL_SETTINGS, EmbeddedPostgres, free_port
+from fastpubsub.embedded import EmbeddedPostgres
 from tests.e2e.conftest import Server, base_env
 
 
@@ -128,17 +127,6 @@ async def test_async_publisher_returns_awaitables(server: Server) -> None:
         assert publisher.stats.requests == 3
         pulled = await client.pull("s", 100)
         assert [m.id for m in pulled] == ids
-
-
-@pytest.fixture
-def own_postgres(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
-    """A PostgreSQL of this test's own, so stopping it disturbs no other test."""
-    pg = EmbeddedPostgres(tmp_path / "pg", port=free_port(), settings=EPHEMERAL_SETTINGS)
-    pg.start()
-    try:
-        yield pg
-    finally:
-        pg.destroy()
 
 
 @pytest.mark.slow

@@ -257,7 +257,7 @@ async def test_async_callbacks_run_as_tasks(server: Server) -> None:
             if consumer.stats.acked == 100:
                 break
             await asyncio.sleep(0.05)
-        await subscriber.close()
+        await subscriber.aclose()
         assert sorted(seen) == list(range(100))
         assert running.most == 4
         assert (await client.metrics("s")).acked == 100

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fastpubsub.embedded import free_port
+from fastpubsub.embedded import EPHEMERAL_SETTINGS, EmbeddedPostgres, free_port
 
 FASTPUBSUB = str(Path(sys.executable).parent / "fastpubsub")
 
@@ -91,3 +91,14 @@ def run_server(tmp_path: Path) -> Iterator[Callable[..., Server]]:
     yield _run
     for server in started:
         stop_server(server)
+
+
+@pytest.fixture
+def own_postgres(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
+    """A PostgreSQL of this test's own, so stopping it disturbs no other test."""
+    pg = EmbeddedPostgres(tmp_path / "pg", port=free_port(), settings=EPHEMERAL_SETTINGS)
+    pg.start()
+    try:
+        yield pg
+    finally:
+        pg.destroy()

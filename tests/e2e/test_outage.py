@@ -4,28 +4,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import httpx
 import pytest
 
 from fastpubsub import migrate
-from fastpubsub.embedded import EPHEMERAL_SETTINGS, EmbeddedPostgres, free_port
+from fastpubsub.embedded import EmbeddedPostgres
 from tests.e2e.conftest import Server, base_env
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def own_postgres(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
-    """A PostgreSQL of this test's own, so stopping it disturbs no other test."""
-    pg = EmbeddedPostgres(tmp_path / "pg", port=free_port(), settings=EPHEMERAL_SETTINGS)
-    pg.start()
-    try:
-        yield pg
-    finally:
-        pg.destroy()
 
 
 def wait_until(check: Callable[[], bool], seconds: float) -> float:
