@@ -7,7 +7,8 @@ with two workers (as `fastpubsub bench all` does) and removes them afterwards.
 Everything goes through the blocking SDK as an application would use it (one
 process, one Client): publishing one topic (batches of up to 100 messages,
 1 MB, 10 ms; then one request per message), and consuming a backlog with
-no-op callbacks (a stream or long-polls, acks batched or one request each).
+no-op callbacks (a stream or long-polls, acks batched or one request each;
+the defaults: max_messages=100, concurrency=10 threads).
 Each consume phase checks that every message was acked and nothing is left.
 Prints a table and a JSON line.
 """
@@ -85,6 +86,7 @@ def measure(url: str, messages: int, unbatched: int, size: int) -> dict[str, Any
         )
         phases: list[tuple[str, int, dict[str, Any]]] = [
             ("consume_stream_batched_acks", messages, {"transport": "stream"}),
+            ("consume_stream_1000_held", messages, {"transport": "stream", "max_messages": 1000}),
             ("consume_poll_batched_acks", messages, {"transport": "poll"}),
             ("consume_stream_single_acks", unbatched, {"transport": "stream", "settle_batch_size": 1}),
             (
@@ -104,6 +106,7 @@ ROWS = [
     ("Publisher, batched (100 msgs / 1 MB / 10 ms)", "publish_batched"),
     ("Publisher, one request per message", "publish_unbatched"),
     ("Subscriber, stream, acks batched", "consume_stream_batched_acks"),
+    ("Subscriber, stream, acks batched, max_messages=1000", "consume_stream_1000_held"),
     ("Subscriber, long-poll (100 a request), acks batched", "consume_poll_batched_acks"),
     ("Subscriber, stream, one ack request per message", "consume_stream_single_acks"),
     ("Subscriber, long-poll 1 a request, one ack request each", "consume_poll_single"),
