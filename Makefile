@@ -22,8 +22,8 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## Create .venv and install fastpubsub with its extras
 
-run: $(STAMP) ## Serve the API on http://127.0.0.1:8000 (embedded PostgreSQL unless FASTPUBSUB_DATABASE_URL is set)
-	$(BIN)/fastpubsub dev --host 127.0.0.1 --port 8000
+run: $(STAMP) ## Serve the API on http://127.0.0.1:8000 (PORT=8080 for another; embedded PostgreSQL unless FASTPUBSUB_DATABASE_URL is set)
+	$(BIN)/fastpubsub dev $(if $(PORT),--port $(PORT))
 
 test: $(STAMP) ## Run the whole test suite against a real PostgreSQL
 	$(BIN)/python -m pytest

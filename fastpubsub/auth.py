@@ -18,36 +18,9 @@ from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
 from fastpubsub.exceptions import AuthenticationError, InvalidInputError, PermissionDeniedError
+from fastpubsub.scopes import ADMIN_SCOPE, MAX_SCOPES, MAX_SCOPES_LENGTH, SCOPES
 from fastpubsub.settings import Settings
 
-ADMIN_SCOPE = "*"
-# Every scope the API knows, by resource; object-specific forms append ":<id>".
-SCOPES = {
-    "topics": ("create", "read", "delete", "publish", "subscribe"),
-    "subscriptions": ("create", "read", "update", "delete", "consume"),
-    "clients": ("create", "update", "read", "delete"),
-    "metrics": ("read",),
-}
-SCOPE_DESCRIPTIONS = {
-    "*": "Everything (admin)",
-    **{
-        f"{resource}:{action}": f"{action.capitalize()} {resource}"
-        for resource, actions in SCOPES.items()
-        for action in actions
-    },
-    "topics:subscribe": "Create subscriptions on topics (with subscriptions:create)",
-    "metrics:read": "Read /metrics",
-}
-# A space-separated scope list as a regular expression (the OpenAPI document states it).
-_ONE_SCOPE = (
-    r"(?:\*|(?:"
-    + "|".join(f"{resource}:(?:{'|'.join(actions)})" for resource, actions in SCOPES.items())
-    + r")(?::[A-Za-z0-9][A-Za-z0-9._-]{0,127})?)"
-)
-SCOPES_PATTERN = rf"^\s*{_ONE_SCOPE}(?:\s+{_ONE_SCOPE})*\s*$"
-# Limits on one client's scopes (they are all carried by each of its tokens).
-MAX_SCOPES = 128
-MAX_SCOPES_LENGTH = 4096
 _OBJECT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _ISSUER = "fastpubsub"
 

@@ -24,14 +24,19 @@ from uuid import UUID
 import typer
 from typer.core import TyperGroup
 
+from fastpubsub.dev import DevServer
 from fastpubsub.exceptions import (
     AlreadyExistsError,
+    AuthenticationError,
     ConfigurationError,
     DatabaseUnavailableError,
     EmbeddedDatabaseError,
     FastPubSubError,
     InvalidInputError,
     NotFoundError,
+    PayloadTooLargeError,
+    PermissionDeniedError,
+    ServerUnavailableError,
     StatementTimeoutError,
 )
 from fastpubsub.settings import Settings, get_settings
@@ -40,12 +45,16 @@ T = TypeVar("T")
 
 EXIT_CODES: dict[type[FastPubSubError], int] = {
     InvalidInputError: 2,
+    PayloadTooLargeError: 2,
     NotFoundError: 3,
     AlreadyExistsError: 4,
     DatabaseUnavailableError: 5,
     StatementTimeoutError: 5,
+    ServerUnavailableError: 5,
     ConfigurationError: 6,
     EmbeddedDatabaseError: 6,
+    AuthenticationError: 7,
+    PermissionDeniedError: 7,
 }
 
 _state = {"verbose": False}
@@ -134,9 +143,20 @@ app = typer.Typer(
 )
 
 
+def _show_version(given: bool) -> None:
+    if given:
+        from fastpubsub import __version__
+
+        typer.echo(f"fastpubsub {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _main(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show tracebacks on errors")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_show_version, is_eager=True, help="Show the version")
+    ] = False,
 ) -> None:
     _state["verbose"] = verbose
 
@@ -167,8 +187,13 @@ def _settings() -> Settings:
 
 
 def _database_url(settings: Settings) -> str:
+    """FASTPUBSUB_DATABASE_URL, or else the database of the `fastpubsub dev` running here."""
     if not settings.database_url:
-        raise fail("FASTPUBSUB_DATABASE_URL is not set", EXIT_CODES[ConfigurationError])
+        running = _dev_server(settings)
+        from fastpubsub.db.urls import mask_url
+
+        typer.echo(f"using the database of the dev server: {mask_url(running.database_url)}", err=True)
+        return running.database_url
     from fastpubsub.db.urls import sync_url
 
     try:
@@ -181,6 +206,21 @@ def _database_url(settings: Settings) -> str:
             EXIT_CODES[ConfigurationError],
         ) from None
     return settings.database_url
+
+
+def _dev_server(settings: Settings) -> DevServer:
+    """The `fastpubsub dev` running from this directory; fails saying how to start one."""
+    from fastpubsub import dev as dev_record
+
+    running = dev_record.find(settings.embedded_data_dir)
+    if running is None:
+        raise fail(
+            "FASTPUBSUB_DATABASE_URL is not set and no `fastpubsub dev` is running here "
+            f"(none recorded in {settings.embedded_data_dir.resolve()}): start one with `make run` "
+            "in another terminal, or set FASTPUBSUB_DATABASE_URL",
+            EXIT_CODES[ConfigurationError],
+        )
+    return running
 
 
 async def _with_database(settings: Settings, work: Callable[[Any], Awaitable[T]]) -> T:
@@ -339,17 +379,39 @@ def dev(
         Path | None, typer.Option(help="Embedded database directory [FASTPUBSUB_EMBEDDED_DATA_DIR]")
     ] = None,
     reset: Annotated[bool, typer.Option(help="Delete the embedded database first")] = False,
-    host: Annotated[str, typer.Option(help="Bind address")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port")] = 8000,
+    host: Annotated[
+        str | None,
+        typer.Option(help="Bind address, loopback unless auth is on [FASTPUBSUB_API_HOST or 127.0.0.1]"),
+    ] = None,
+    port: Annotated[int | None, typer.Option(help="Port [FASTPUBSUB_API_PORT]")] = None,
     workers: Annotated[int, typer.Option(help="Worker processes")] = 1,
     insecure_no_auth: Annotated[bool, _INSECURE_NO_AUTH] = False,
 ) -> None:
-    """Run locally: embedded PostgreSQL (unless FASTPUBSUB_DATABASE_URL is set), migrations, the API."""
+    """Run locally: embedded PostgreSQL (unless FASTPUBSUB_DATABASE_URL is set), migrations, the API.
+
+    Other commands run from the same directory find it (dev.json in the data directory).
+    """
+    from fastpubsub import dev as dev_record
     from fastpubsub import migrate
-    from fastpubsub.embedded import EmbeddedPostgres
+    from fastpubsub.db.urls import mask_url
+    from fastpubsub.embedded import EmbeddedPostgres, free_port
 
     settings = _settings()
+    host = host or settings.api_host
+    port = port or settings.api_port
     _refuse_exposure(settings, host, insecure_no_auth)
+    records_in = data_dir or settings.embedded_data_dir
+    if (running_dev := dev_record.find(records_in)) is not None:
+        raise fail(
+            f"a dev server is already running from {records_in.resolve()} (pid {running_dev.pid}, "
+            f"{running_dev.api_url}); stop it first",
+            EXIT_CODES[ConfigurationError],
+        )
+    if not dev_record.port_free(port, host):
+        raise fail(
+            f"port {port} is in use on {host}: choose another with --port (make run PORT=8080)",
+            EXIT_CODES[ConfigurationError],
+        )
     embedded = None
     url = settings.database_url
     if url:
@@ -363,8 +425,11 @@ def dev(
         url = _database_url(settings)
     try:
         if not url:
-            directory = data_dir or settings.embedded_data_dir
-            embedded = EmbeddedPostgres(directory)
+            directory = records_in
+            stable = dev_record.DATABASE_PORT
+            embedded = EmbeddedPostgres(
+                directory, port=stable if dev_record.port_free(stable) else free_port()
+            )
             if reset:
                 typer.echo(f"Deleting the embedded database in {directory.resolve()}")
                 embedded.destroy()
@@ -375,7 +440,10 @@ def dev(
                 typer.echo(f"Made {changed} searchable (x) for the {embedded.user} user that runs PostgreSQL")
             if embedded.started:
                 verb = "Created" if created else "Started"
-                typer.echo(f"{verb} embedded PostgreSQL in {directory.resolve()} on port {running.port}")
+                moved = "" if running.port == stable else f" ({stable} is taken)"
+                typer.echo(
+                    f"{verb} embedded PostgreSQL in {directory.resolve()} on port {running.port}{moved}"
+                )
             else:
                 typer.echo(
                     f"Using the PostgreSQL already running in {directory.resolve()} on port {running.port} "
@@ -394,18 +462,23 @@ def dev(
     os.environ.setdefault("FASTPUBSUB_LOG_FORMAT", "text")  # people read these logs
     get_settings.cache_clear()
     settings = _settings()
-    shown = "localhost" if host in ("0.0.0.0", "127.0.0.1") else host
-    typer.echo(f"API     http://{shown}:{port}")
-    typer.echo(f"Docs    http://{shown}:{port}/docs")
+    api = dev_record.api_url(host, port)
+    shown_url = url.replace("postgresql+psycopg://", "postgresql://", 1)
+    typer.echo(f"Database {mask_url(shown_url)}")
+    typer.echo(f"API      {api}")
+    typer.echo(f"Docs     {api}/docs")
+    typer.echo("CLI      .venv/bin/fastpubsub topics list (in another terminal, from this directory)")
     stops_database = embedded is not None and embedded.started
     note = " (the embedded database stops too; its data stays)" if stops_database else ""
-    typer.echo(f"Stop    Ctrl+C{note}")
+    typer.echo(f"Stop     Ctrl+C{note}")
     from fastpubsub.logs import configure_logging
 
     configure_logging(settings.log_level, settings.log_format)
+    dev_record.record(records_in, dev_record.DevServer(shown_url, api, os.getpid()))
     try:
         serve(settings, host, port, workers)
     finally:
+        dev_record.forget(records_in, os.getpid())
         if embedded is not None and embedded.started:
             embedded.stop()
 
@@ -658,6 +731,15 @@ def report(
             spark.stop()
     typer.echo(result.summary)
     typer.echo(f"wrote {len(result.files)} files to {out} in {result.seconds['total']:.1f}s", err=True)
+
+
+def _register_data_plane() -> None:
+    from fastpubsub import data_cli
+
+    data_cli.register(app)
+
+
+_register_data_plane()
 
 
 def _register_bench() -> None:

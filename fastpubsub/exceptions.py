@@ -60,3 +60,7 @@ class AuthenticationError(FastPubSubError):
 
 class PermissionDeniedError(FastPubSubError):
     """The client's scopes do not allow this."""
+
+
+class ServerUnavailableError(FastPubSubError):
+    """The fastpubsub server cannot be reached right now."""

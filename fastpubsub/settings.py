@@ -78,7 +78,7 @@ class Settings(BaseSettings):
         description="Serve with auth off on an address other hosts can reach (insecure: anyone who "
         "reaches it may do anything)",
     )
-    api_port: int = Field(default=8000, ge=1, le=65535, description="Port the server binds")
+    api_port: int = Field(default=8000, ge=1, le=65535, description="Port the server (and dev) binds")
     api_num_workers: int = Field(default=2, ge=1, le=64, description="Gunicorn worker processes")
     api_cors_origins: str = Field(default="", description="Comma-separated origins allowed by CORS")
     max_message_bytes: int = Field(
@@ -117,6 +117,17 @@ class Settings(BaseSettings):
         description="How long a stream stays open while the database is unreachable",
     )
 
+    # Reaching a server: the data-plane commands (topics, subscriptions, publish, pull, dlq, tail)
+    api_url: str | None = Field(
+        default=None,
+        description="Server the data-plane commands talk to (empty: the running `fastpubsub dev`)",
+    )
+    api_token: str | None = Field(default=None, description="Bearer token those commands send")
+    api_client_id: str | None = Field(
+        default=None, description="Or client credentials: a token is fetched and renewed"
+    )
+    api_client_secret: str | None = Field(default=None, description="The secret of FASTPUBSUB_API_CLIENT_ID")
+
     # Authentication
     auth_enabled: bool = Field(default=False, description="Require OAuth2 bearer tokens")
     auth_secret_key: str | None = Field(default=None, description="JWT signing key (required with auth)")
@@ -154,7 +165,17 @@ class Settings(BaseSettings):
         description="PostgreSQL JDBC driver jar for Spark reports (found automatically if unset)",
     )
 
-    @field_validator("database_url", "auth_secret_key", "jdbc_jar", "embedded_pg_bin", mode="before")
+    @field_validator(
+        "database_url",
+        "auth_secret_key",
+        "jdbc_jar",
+        "embedded_pg_bin",
+        "api_url",
+        "api_token",
+        "api_client_id",
+        "api_client_secret",
+        mode="before",
+    )
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if isinstance(value, str) and not value.strip() else value

@@ -16,11 +16,12 @@ from fastpubsub import auth
 from fastpubsub.api.delivery import Delivery
 from fastpubsub.db import Database
 from fastpubsub.exceptions import AuthenticationError, PermissionDeniedError
+from fastpubsub.scopes import ADMIN_SCOPE, SCOPE_DESCRIPTIONS
 from fastpubsub.settings import Settings
 
 oauth2_scheme = OAuth2(
     flows=OAuthFlows(
-        clientCredentials=OAuthFlowClientCredentials(tokenUrl="oauth/token", scopes=auth.SCOPE_DESCRIPTIONS)
+        clientCredentials=OAuthFlowClientCredentials(tokenUrl="oauth/token", scopes=SCOPE_DESCRIPTIONS)
     ),
     scheme_name="OAuth2ClientCredentials",
     description="OAuth2 client credentials: exchange a client id and secret for a bearer token.",
@@ -94,7 +95,7 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 DatabaseDep = Annotated[Database, Depends(get_database)]
 DeliveryDep = Annotated[Delivery, Depends(get_delivery)]
 
-_EVERYTHING = Principal(client_id=None, scopes=frozenset({auth.ADMIN_SCOPE}))
+_EVERYTHING = Principal(client_id=None, scopes=frozenset({ADMIN_SCOPE}))
 # Where api/gate.py leaves the principal it authenticated, in the request's state.
 PRINCIPAL_STATE = "fastpubsub_principal"
 

@@ -1,4 +1,8 @@
-"""Request and response bodies of the HTTP API."""
+"""Request and response bodies of the HTTP API.
+
+The SDK (fastpubsub.client) returns these models too, so this module imports
+nothing of the server: pydantic and fastpubsub.jsoncodec only.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ from pydantic import (
 )
 
 from fastpubsub import jsoncodec
-from fastpubsub.auth import MAX_SCOPES, MAX_SCOPES_LENGTH, SCOPES_PATTERN
+from fastpubsub.scopes import MAX_SCOPES, MAX_SCOPES_LENGTH, SCOPES_PATTERN
 
 T = TypeVar("T")
 
@@ -141,6 +145,7 @@ MESSAGE_EXAMPLE: dict[str, Any] = {
     "created_at": "2026-11-22T10:00:00.123456Z",
     "attributes": {"source": "checkout"},
     "priority": 5,
+    "receipt": "AZC1oDweekGdL1uOHAp_IQAGRP2Bv3lA",
 }
 STREAM_EXAMPLE = (
     f"event: message\nid: {MESSAGE_EXAMPLE['id']}\ndata: {jsoncodec.dumps_text(MESSAGE_EXAMPLE)}\n\n"
@@ -158,6 +163,11 @@ class MessageOut(BaseModel):
     created_at: datetime = Field(description="When it was published (UTC)")
     attributes: dict[str, str] | None = Field(default=None, description="As published")
     priority: int = Field(default=0, description="As published, 0-9")
+    receipt: str | None = Field(
+        default=None,
+        description="Names this delivery's lease: acks, nacks and lease changes by receipt act on this "
+        "lease only (null outside a lease, as in the DLQ)",
+    )
 
 
 class PublishMessage(Body):

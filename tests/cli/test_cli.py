@@ -356,13 +356,20 @@ def test_help_still_works(invoke_offline: Invoke) -> None:
         assert "Usage" in result.stdout
 
 
-def test_commands_need_a_database_url(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_commands_need_a_database_url_or_a_running_dev(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.delenv("FASTPUBSUB_DATABASE_URL", raising=False)
+    monkeypatch.setenv("FASTPUBSUB_EMBEDDED_DATA_DIR", str(tmp_path))  # no dev.json there
     get_settings.cache_clear()
     result = CliRunner().invoke(app, ["list-clients"])
     get_settings.cache_clear()
     assert result.exit_code == 6
-    assert result.stderr == "error: FASTPUBSUB_DATABASE_URL is not set\n"
+    assert result.stderr == (
+        "error: FASTPUBSUB_DATABASE_URL is not set and no `fastpubsub dev` is running here "
+        f"(none recorded in {tmp_path}): start one with `make run` in another terminal, "
+        "or set FASTPUBSUB_DATABASE_URL\n"
+    )
 
 
 @pytest.mark.parametrize(("option", "args"), [("--reset", ("--reset",)), ("--data-dir", ("--data-dir", "x"))])
@@ -375,6 +382,31 @@ def test_dev_refuses_embedded_options_with_a_database_url(
     assert result.stderr.startswith(f"error: {option} is for the embedded database")
     assert "FASTPUBSUB_DATABASE_URL is set" in result.stderr
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(("args", "env"), [((), {"api_host": "0.0.0.0"}), (("--host", "10.1.2.3"), {})])
+def test_dev_serves_only_on_loopback_without_auth(
+    invoke_offline: Invoke, args: tuple[str, ...], env: dict[str, str]
+) -> None:
+    result = invoke_offline("dev", *args, **env)
+    assert result.exit_code == 6, result.output
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("error: dev serves without authentication, so only on a loopback address")
+
+
+def test_dev_refuses_a_port_in_use(invoke_offline: Invoke) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = invoke_offline("dev", "--port", str(port))
+    assert result.exit_code == 6, result.output
+    assert (
+        result.stderr
+        == f"error: port {port} is in use on 127.0.0.1: choose another with --port (make run PORT=8080)\n"
+    )
 
 
 def test_server_refuses_auth_without_a_key(invoke: Invoke) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -59,7 +61,7 @@ def test_dev_serves_the_api_and_keeps_its_data(tmp_path: Path) -> None:
         stop_dev(first)
     output = (tmp_path / "first.log").read_text()
     assert "Created embedded PostgreSQL" in output
-    assert f"http://localhost:{port}/docs" in output
+    assert f"Docs     http://127.0.0.1:{port}/docs" in output
     assert "Ctrl+C" in output
     assert EmbeddedPostgres(data_dir).running() is None  # stopping dev stopped the database
 
@@ -107,3 +109,70 @@ def test_dev_leaves_a_server_it_did_not_start_running(tmp_path: Path) -> None:
         assert EmbeddedPostgres(data_dir).running() == running  # still up after dev stopped
     finally:
         theirs.stop()
+
+
+def test_commands_in_another_terminal_find_the_running_dev(tmp_path: Path) -> None:
+    """`make run`, then the CLI from the same directory with nothing exported."""
+    port = free_port()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FASTPUBSUB_")}
+    log = tmp_path / "dev.log"
+    with log.open("wb") as out:
+        # FASTPUBSUB_API_PORT instead of --port: dev honours it.
+        process = subprocess.Popen(
+            [FASTPUBSUB, "dev"],
+            env={**clean, "FASTPUBSUB_API_PORT": str(port)},
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+    def fastpubsub(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [FASTPUBSUB, *args],
+            env=clean,
+            cwd=tmp_path,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    try:
+        deadline = time.monotonic() + 90
+        while not (tmp_path / ".fastpubsub" / "dev.json").exists():
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.25)
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readiness", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.25)
+        output = log.read_text()
+        shown = re.search(r"^Database (postgresql://postgres@127\.0\.0\.1:\d+/postgres)$", output, re.M)
+        assert shown is not None, output
+        database_url = shown.group(1)
+        assert f"API      http://127.0.0.1:{port}\n" in output
+
+        created = fastpubsub("topics", "create", "orders")
+        assert created.returncode == 0, created.stderr
+        assert created.stderr == f"using the dev server at http://127.0.0.1:{port}\n"
+        assert fastpubsub("subscriptions", "create", "order-emails", "--topic", "orders").returncode == 0
+        published = fastpubsub("publish", "orders", '{"order_id": "12345"}')
+        assert published.returncode == 0, published.stderr
+        pulled = fastpubsub("pull", "order-emails", "--ack", "--json")
+        assert pulled.returncode == 0, pulled.stderr
+        assert [m["id"] for m in json.loads(pulled.stdout)] == published.stdout.split()
+
+        clients = fastpubsub("list-clients")  # a database command: dev's database
+        assert clients.returncode == 0, clients.stderr
+        assert clients.stderr == f"using the database of the dev server: {database_url}\n"
+    finally:
+        stop_dev(process)
+    assert not (tmp_path / ".fastpubsub" / "dev.json").exists()  # gone with dev
+    after = fastpubsub("topics", "list")
+    assert after.returncode == 6
+    assert "start one here with `make run`" in after.stderr

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from fastpubsub import migrate
-from fastpubsub.embedded import EmbeddedPostgres, free_port
+from fastpubsub.embedded import EPHEMERAL_SETTINGS, EmbeddedPostgres, free_port
 
 FASTPUBSUB = str(Path(sys.executable).parent / "fastpubsub")
 
@@ -104,6 +104,13 @@ def own_postgres_in(path: Path, settings: dict[str, str] | None = None) -> Itera
         yield pg
     finally:
         pg.destroy()
+
+
+@pytest.fixture
+def own_postgres(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
+    """A PostgreSQL of this test's own, so stopping it disturbs no other test."""
+    with own_postgres_in(tmp_path / "pg", EPHEMERAL_SETTINGS) as pg:
+        yield pg
 
 
 def serve_migrated(pg: EmbeddedPostgres, run_server: Callable[..., Server]) -> tuple[Server, str]:

@@ -6,15 +6,14 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import httpx
 import psutil
 import pytest
 
 from fastpubsub import migrate
-from fastpubsub.embedded import EPHEMERAL_SETTINGS, EmbeddedPostgres, free_port
+from fastpubsub.embedded import EmbeddedPostgres, free_port
 from tests.e2e.conftest import Server, base_env
 
 pytestmark = pytest.mark.slow
@@ -113,17 +112,6 @@ def test_workers_stop_when_the_main_process_is_killed_and_a_new_server_starts(
     again = run_server(base_env(database_url), port=port)  # the port is free again
     with again.client() as http:
         assert http.get("/readiness").status_code == 200
-
-
-@pytest.fixture
-def own_postgres(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
-    """A PostgreSQL of this test's own, so stopping it disturbs no other test."""
-    pg = EmbeddedPostgres(tmp_path / "pg", port=free_port(), settings=EPHEMERAL_SETTINGS)
-    pg.start()
-    try:
-        yield pg
-    finally:
-        pg.destroy()
 
 
 def test_a_stream_rides_out_a_database_restart(

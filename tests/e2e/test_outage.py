@@ -4,23 +4,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import httpx
 import pytest
 
-from fastpubsub.embedded import EPHEMERAL_SETTINGS, EmbeddedPostgres
-from tests.e2e.conftest import Server, own_postgres_in, serve_migrated
+from fastpubsub.embedded import EmbeddedPostgres
+from tests.e2e.conftest import Server, serve_migrated
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def own_postgres(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
-    """A PostgreSQL of this test's own, so stopping it disturbs no other test."""
-    with own_postgres_in(tmp_path / "pg", EPHEMERAL_SETTINGS) as pg:
-        yield pg
 
 
 def wait_until(check: Callable[[], bool], seconds: float) -> float:

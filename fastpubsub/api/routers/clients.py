@@ -16,6 +16,7 @@ from fastpubsub.api.schemas import ClientCreate, ClientCreated, ClientOut, Clien
 from fastpubsub.db import Database
 from fastpubsub.exceptions import PermissionDeniedError
 from fastpubsub.models import Client
+from fastpubsub.scopes import ADMIN_SCOPE
 from fastpubsub.settings import Settings
 
 router = APIRouter(prefix="/clients", tags=["clients"])
@@ -50,7 +51,7 @@ def _require_auth(settings: Settings) -> None:
 
 async def _require_reach(principal: Principal, database: Database, client_id: UUID) -> None:
     """Changing a client needs every scope it holds: else rotating an admin's secret makes an admin."""
-    if auth.ADMIN_SCOPE in principal.scopes:
+    if ADMIN_SCOPE in principal.scopes:
         return
     target = await database.get_client(client_id)
     auth.require_covered(principal.scopes, tuple(target.scopes.split()), action="manage a client with")

@@ -1,0 +1,250 @@
+"""How a Subscriber receives and settles messages: a stream of server-sent events, or long-polls.
+
+A transport receives messages for one consumer until it is cancelled,
+handing each to `Session.deliver` and pausing while `Session.flow` has no room
+(flow control), and it carries acks, nacks and lease changes to the server. A
+transport that settles in-band (a WebSocket, say) implements the same
+protocol; the Subscriber does not change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, NamedTuple, Protocol
+from uuid import UUID
+
+import httpx
+
+from fastpubsub import jsoncodec
+from fastpubsub.api.schemas import MAX_BATCH_SIZE, MAX_WAIT_SECONDS, MessageOut
+from fastpubsub.client import errors
+from fastpubsub.client.aio import AsyncClient, StreamEndedError
+from fastpubsub.client.http import Retry
+
+log = logging.getLogger("fastpubsub.client")
+
+# The server's limit on max_in_flight of a stream.
+MAX_STREAM_IN_FLIGHT = 1000
+# Waits between attempts to receive again after a failure (growing, jittered).
+RECONNECT = Retry(attempts=1, backoff_min=0.2, backoff_max=5.0)
+# Failures a receiver rides out by trying again: the server or its database away for a while.
+TRANSIENT = (
+    errors.ServerUnavailableError,
+    errors.DatabaseUnavailableError,
+    StreamEndedError,
+    httpx.TransportError,
+)
+
+Settlement = Literal["ack", "nack", "dead_letter"]
+
+
+class Lease(NamedTuple):
+    """A message a consumer holds: its id and the receipt of its current lease."""
+
+    id: UUID
+    receipt: str | None
+    """None from a server that sends no receipts: then settled by id."""
+
+
+class Flow:
+    """Flow control: the messages and bytes a consumer holds (received, not yet settled)."""
+
+    # Size assumed for messages before any has come.
+    FIRST_GUESS_BYTES = 1024
+
+    def __init__(self, max_messages: int, max_bytes: int) -> None:
+        if max_messages < 1 or max_bytes < 1:
+            raise ValueError("max_messages and max_bytes must be positive")
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
+        self.messages = 0
+        self.bytes = 0
+        self._seen = 0
+        self._seen_bytes = 0
+        self._room = asyncio.Event()
+        self._room.set()
+
+    def room(self) -> int:
+        """How many more messages may come now: within max_messages, and within max_bytes at the
+        average size so far (at least one while below it; 0 once either limit is reached)."""
+        room = self.max_messages - self.messages
+        left = self.max_bytes - self.bytes
+        if room <= 0 or left <= 0:
+            return 0
+        fit = left * self._seen // self._seen_bytes if self._seen_bytes else left // self.FIRST_GUESS_BYTES
+        return min(room, fit) if fit > 1 else 1
+
+    async def wait_for_room(self) -> int:
+        """Wait until more messages may come; how many."""
+        while (room := self.room()) == 0:
+            self._room.clear()
+            await self._room.wait()
+        return room
+
+    def add(self, size: int) -> None:
+        self.messages += 1
+        self.bytes += size
+        self._seen += 1
+        self._seen_bytes += size
+
+    def remove(self, size: int) -> None:
+        self.messages -= 1
+        self.bytes -= size
+        if self.room():
+            self._room.set()
+
+
+@dataclass
+class Session:
+    """What a transport works for: one consumer of one subscription."""
+
+    client: AsyncClient
+    subscription_id: str
+    consumer_id: str
+    flow: Flow
+    deliver: Callable[[MessageOut, int], None]
+    """Hand over a received message and its size in bytes (never blocks)."""
+
+
+class Transport(Protocol):
+    """Receives messages for a Session and settles them."""
+
+    async def receive(self, session: Session) -> None:
+        """Deliver messages until cancelled; raise only what trying again cannot fix."""
+        ...
+
+    async def settle(self, session: Session, kind: Settlement, leases: Sequence[Lease]) -> list[UUID]:
+        """Ack, nack or dead-letter these leases; the ids whose lease was no longer held."""
+        ...
+
+    async def extend(self, session: Session, leases: Sequence[Lease], seconds: int) -> list[UUID]:
+        """These leases end `seconds` from now (0: give them back); the ids whose lease was no longer held."""
+        ...
+
+
+class HttpSettlement:
+    """Acks, nacks and lease changes through the HTTP endpoints (batched by the caller), by receipt.
+
+    Settling by receipt touches only the lease the receipt names: a message
+    whose lease ran out here and that another consumer holds now is left to
+    that consumer (and reported as no longer held).
+    """
+
+    async def settle(self, session: Session, kind: Settlement, leases: Sequence[Lease]) -> list[UUID]:
+        client, subscription_id = session.client, session.subscription_id
+        receipts = _receipts(leases)
+        if receipts is None:
+            ids = [lease.id for lease in leases]
+            if kind == "ack":
+                await client.ack(subscription_id, ids)
+            else:
+                await client.nack(subscription_id, ids, requeue=kind == "nack")
+            return []
+        if kind == "ack":
+            failed = (await client.ack_receipts(subscription_id, receipts)).failed
+        else:
+            failed = (await client.nack_receipts(subscription_id, receipts, requeue=kind == "nack")).failed
+        return _not_held(leases, [f.receipt for f in failed])
+
+    async def extend(self, session: Session, leases: Sequence[Lease], seconds: int) -> list[UUID]:
+        receipts = _receipts(leases)
+        if receipts is None:
+            await session.client.extend_leases(
+                session.subscription_id, [lease.id for lease in leases], seconds
+            )
+            return []
+        failed = (await session.client.extend_receipts(session.subscription_id, receipts, seconds)).failed
+        return _not_held(leases, [f.receipt for f in failed])
+
+
+def _receipts(leases: Sequence[Lease]) -> list[str] | None:
+    receipts = [lease.receipt for lease in leases if lease.receipt is not None]
+    return receipts if len(receipts) == len(leases) else None
+
+
+def _not_held(leases: Sequence[Lease], receipts: Sequence[str]) -> list[UUID]:
+    by_receipt = {lease.receipt: lease.id for lease in leases}
+    return [by_receipt[receipt] for receipt in receipts if receipt in by_receipt]
+
+
+async def pause_after_failure(session: Session, failures: int, exc: BaseException) -> None:
+    """Log a receive failure and wait before trying again (longer after each one in a row)."""
+    reason = str(exc) or type(exc).__name__
+    log.warning("receiving from %s failed (%s); trying again", session.subscription_id, reason)
+    await asyncio.sleep(RECONNECT.delay(min(failures, 10)))
+
+
+class StreamTransport(HttpSettlement):
+    """Server-sent events (GET /subscriptions/{id}/stream), reconnecting whenever the stream ends.
+
+    The server pushes up to max_in_flight = the consumer's max_messages (at
+    most 1000) unsettled messages. While the consumer has no room (max_bytes
+    reached) the stream is not read and the server soon waits too; what it
+    sent meanwhile waits in the connection with its lease running, so with a
+    stream, max_messages is the bound to set and max_bytes a guard above it.
+    """
+
+    async def receive(self, session: Session) -> None:
+        failures = 0
+        while True:
+            await session.flow.wait_for_room()
+            try:
+                async for message, size in session.client.stream_sized(
+                    session.subscription_id,
+                    max_in_flight=min(session.flow.max_messages, MAX_STREAM_IN_FLIGHT),
+                    consumer_id=session.consumer_id,
+                ):
+                    failures = 0
+                    session.deliver(message, size)
+                    await session.flow.wait_for_room()
+            except TRANSIENT as exc:
+                failures += 1
+                await pause_after_failure(session, failures, exc)
+
+
+class PollTransport(HttpSettlement):
+    """Long-polls (GET /subscriptions/{id}/messages?wait_seconds=...), for networks that cut streams.
+
+    Each poll asks for as many messages as there is room for, up to `batch_size`.
+    """
+
+    def __init__(self, batch_size: int = MAX_BATCH_SIZE, wait_seconds: float = 20) -> None:
+        if not 1 <= batch_size <= MAX_BATCH_SIZE:
+            raise ValueError(f"batch_size must be between 1 and {MAX_BATCH_SIZE}")
+        if not 0 < wait_seconds <= MAX_WAIT_SECONDS:
+            raise ValueError(f"wait_seconds must be above 0 and at most {MAX_WAIT_SECONDS}")
+        self.batch_size = batch_size
+        self.wait_seconds = wait_seconds
+
+    async def receive(self, session: Session) -> None:
+        failures = 0
+        while True:
+            room = await session.flow.wait_for_room()
+            try:
+                messages = await session.client.pull(
+                    session.subscription_id,
+                    min(room, self.batch_size),
+                    wait_seconds=self.wait_seconds,
+                    consumer_id=session.consumer_id,
+                )
+            except TRANSIENT as exc:
+                failures += 1
+                await pause_after_failure(session, failures, exc)
+                continue
+            failures = 0
+            for message in messages:
+                session.deliver(message, len(jsoncodec.dumps(message.payload)))
+
+
+def make_transport(kind: Literal["stream", "poll"] | Transport) -> Transport:
+    """A transport by name, or the one given."""
+    if kind == "stream":
+        return StreamTransport()
+    if kind == "poll":
+        return PollTransport()
+    if isinstance(kind, str):
+        raise ValueError(f'transport must be "stream", "poll" or a Transport, not "{kind}"')
+    return kind

@@ -1,0 +1,547 @@
+"""The data-plane commands: topics, subscriptions, publish, pull, dlq and tail, over HTTP.
+
+They talk to a server through the SDK (fastpubsub.client): `--url`, else
+FASTPUBSUB_API_URL, else the `fastpubsub dev` running from this directory
+(said in one line on stderr). With auth on, FASTPUBSUB_API_TOKEN or
+FASTPUBSUB_API_CLIENT_ID and FASTPUBSUB_API_CLIENT_SECRET give the
+credentials. Output is a table for people and JSON with `--json`; errors are
+one line on stderr with the CLI's exit codes. The SDK (httpx, pydantic) is
+imported by each command, so that `fastpubsub --help` stays quick.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
+import typer
+
+from fastpubsub import cli
+from fastpubsub.exceptions import ConfigurationError, InvalidInputError
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from fastpubsub.client import AsyncClient, MessageOut
+
+T = TypeVar("T")
+
+Url = Annotated[
+    str | None,
+    typer.Option(
+        "--url", help="Server [FASTPUBSUB_API_URL; else the running fastpubsub dev]", show_default=False
+    ),
+]
+Json = Annotated[bool, typer.Option("--json", help="JSON for scripts instead of a table")]
+Offset = Annotated[int, typer.Option(min=0, help="Skip this many")]
+Limit = Annotated[int, typer.Option(min=1, max=1000, help="At most this many")]
+SubscriptionArg = Annotated[str, typer.Argument(help="Subscription id")]
+TopicArg = Annotated[str, typer.Argument(help="Topic id")]
+FilterOption = Annotated[
+    str | None, typer.Option("--filter", help='JSON object, e.g. \'{"country": ["BR"]}\' (docs/filters.md)')
+]
+Attempts = Annotated[int | None, typer.Option(min=1, max=1000, help="Deliveries before the DLQ")]
+BackoffMin = Annotated[int | None, typer.Option(min=0, max=86400, help="First retry delay, seconds")]
+BackoffMax = Annotated[int | None, typer.Option(min=0, max=86400, help="Longest retry delay, seconds")]
+AckDeadline = Annotated[int | None, typer.Option(min=1, max=3600, help="Lease length, seconds")]
+
+topics_app = typer.Typer(help="Create, list, show and delete topics.", no_args_is_help=True)
+subscriptions_app = typer.Typer(
+    help="Create, list, show, change, replay and delete subscriptions; their metrics.", no_args_is_help=True
+)
+dlq_app = typer.Typer(help="Dead letters of a subscription: list and reprocess.", no_args_is_help=True)
+
+
+# -- plumbing --------------------------------------------------------------------------------------
+
+
+def _client(url: str | None) -> AsyncClient:
+    """A client for --url, FASTPUBSUB_API_URL or the dev server running here, with the env's credentials."""
+    from fastpubsub import dev
+    from fastpubsub.client import AsyncClient, Retry
+
+    settings = cli._settings()
+    target = url or settings.api_url
+    if not target:
+        running = dev.find(settings.embedded_data_dir)
+        if running is None:
+            raise cli.fail(
+                "no server to talk to: pass --url or set FASTPUBSUB_API_URL, or start one here with "
+                "`make run` (fastpubsub dev) in another terminal",
+                cli.EXIT_CODES[ConfigurationError],
+            )
+        typer.echo(f"using the dev server at {running.api_url}", err=True)
+        target = running.api_url
+    try:
+        return AsyncClient(
+            target,
+            token=settings.api_token,
+            client_id=settings.api_client_id,
+            client_secret=settings.api_client_secret,
+            # A person is waiting: say soon that the server cannot be reached.
+            retry=Retry(attempts=3, backoff_min=0.2, backoff_max=1.0),
+        )
+    except ValueError as exc:  # both a token and client credentials, or half of the credentials
+        raise cli.fail(
+            f"FASTPUBSUB_API_TOKEN, FASTPUBSUB_API_CLIENT_ID, FASTPUBSUB_API_CLIENT_SECRET: {exc}",
+            cli.EXIT_CODES[ConfigurationError],
+        ) from None
+
+
+def _call(url: str | None, work: Callable[[AsyncClient], Awaitable[T]]) -> T:
+    """Run `work` with a client; errors become one line and an exit code."""
+    client = _client(url)
+
+    async def run() -> T:
+        async with client:
+            return await work(client)
+
+    return cli.run(run)
+
+
+def _invalid(message: str) -> typer.Exit:
+    return cli.fail(message, cli.EXIT_CODES[InvalidInputError])
+
+
+def _payload(text: str, what: str) -> dict[str, Any]:
+    """A JSON object given on the command line or stdin (a message, a filter)."""
+    from fastpubsub import jsoncodec
+
+    try:
+        value = jsoncodec.loads(text)
+    except ValueError as exc:
+        raise InvalidInputError(f"{what} is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidInputError(f"{what} must be a JSON object, not {type(value).__name__}")
+    return value
+
+
+def _filter(text: str | None) -> dict[str, Any] | None:
+    """--filter: a JSON object, or `null` for none."""
+    if text is None or text.strip() == "null":
+        return None
+    try:
+        return _payload(text, "--filter")
+    except InvalidInputError as exc:
+        raise _invalid(exc.message) from None
+
+
+def _dump(value: Any) -> str:
+    from fastpubsub import jsoncodec
+
+    return jsoncodec.dumps_text(value)
+
+
+def _jsonable(value: BaseModel | Sequence[BaseModel]) -> Any:
+    if isinstance(value, Sequence):
+        return [item.model_dump(mode="json") for item in value]
+    return value.model_dump(mode="json")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, dict | list):
+        return _dump(value)
+    if isinstance(value, datetime):
+        return value.isoformat(timespec="seconds")
+    return str(value)
+
+
+def _table(rows: Sequence[Sequence[Any]], header: Sequence[str], empty: str) -> None:
+    """Columns padded to their widest cell, the last one as it is."""
+    if not rows:
+        typer.echo(empty)
+        return
+    cells = [list(header), *([_cell(value) for value in row] for row in rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header) - 1)]
+    for row in cells:
+        typer.echo("  ".join([*(value.ljust(widths[i]) for i, value in enumerate(row[:-1])), row[-1]]))
+
+
+def _fields(model: BaseModel, as_json: bool) -> None:
+    """One object: JSON, or `name: value` lines."""
+    if as_json:
+        typer.echo(_dump(_jsonable(model)))
+        return
+    for name, value in model.model_dump().items():
+        typer.echo(f"{name}: {_cell(value)}")
+
+
+def _messages(messages: Sequence[MessageOut], as_json: bool, empty: str) -> None:
+    if as_json:
+        typer.echo(_dump(_jsonable(messages)))
+        return
+    rows = [(m.id, m.delivery_attempts, m.priority, m.attributes, m.payload) for m in messages]
+    _table(rows, ("ID", "ATTEMPTS", "PRIORITY", "ATTRIBUTES", "PAYLOAD"), empty)
+
+
+# -- topics ----------------------------------------------------------------------------------------
+
+
+@topics_app.command("create")
+def topics_create(topic_id: TopicArg, url: Url = None, as_json: Json = False) -> None:
+    """Create a topic."""
+    topic = _call(url, lambda client: client.create_topic(topic_id))
+    if as_json:
+        _fields(topic, as_json)
+    else:
+        typer.echo(f"created topic {topic.id}")
+
+
+@topics_app.command("list")
+def topics_list(url: Url = None, as_json: Json = False, offset: Offset = 0, limit: Limit = 100) -> None:
+    """List topics."""
+    topics = _call(url, lambda client: client.list_topics(offset, limit))
+    if as_json:
+        typer.echo(_dump(_jsonable(topics)))
+    else:
+        _table([(t.id, t.created_at) for t in topics], ("ID", "CREATED"), "(no topics)")
+
+
+@topics_app.command("get")
+def topics_get(topic_id: TopicArg, url: Url = None, as_json: Json = False) -> None:
+    """Show a topic."""
+    _fields(_call(url, lambda client: client.get_topic(topic_id)), as_json)
+
+
+@topics_app.command("delete")
+def topics_delete(topic_id: TopicArg, url: Url = None) -> None:
+    """Delete a topic with its subscriptions and messages."""
+    _call(url, lambda client: client.delete_topic(topic_id))
+    typer.echo(f"deleted topic {topic_id}")
+
+
+# -- subscriptions ---------------------------------------------------------------------------------
+
+
+def _policy(
+    max_delivery_attempts: int | None,
+    backoff_min: int | None,
+    backoff_max: int | None,
+    ack_deadline: int | None,
+) -> dict[str, int | None]:
+    """The delivery-policy options by the API's names (None: the server's default, or unchanged)."""
+    return {
+        "max_delivery_attempts": max_delivery_attempts,
+        "backoff_min_seconds": backoff_min,
+        "backoff_max_seconds": backoff_max,
+        "ack_deadline_seconds": ack_deadline,
+    }
+
+
+@subscriptions_app.command("create")
+def subscriptions_create(
+    subscription_id: SubscriptionArg,
+    topic: Annotated[str, typer.Option("--topic", help="The topic it receives from")],
+    filter_json: FilterOption = None,
+    max_delivery_attempts: Attempts = None,
+    backoff_min: BackoffMin = None,
+    backoff_max: BackoffMax = None,
+    ack_deadline: AckDeadline = None,
+    url: Url = None,
+    as_json: Json = False,
+) -> None:
+    """Create a subscription (policies left out take the server's defaults)."""
+    subscription_filter = _filter(filter_json)
+    policy = _policy(max_delivery_attempts, backoff_min, backoff_max, ack_deadline)
+    subscription = _call(
+        url,
+        lambda client: client.create_subscription(
+            subscription_id, topic, filter=subscription_filter, **policy
+        ),
+    )
+    if as_json:
+        _fields(subscription, as_json)
+    else:
+        typer.echo(f"created subscription {subscription.id} on topic {subscription.topic_id}")
+
+
+@subscriptions_app.command("list")
+def subscriptions_list(
+    url: Url = None, as_json: Json = False, offset: Offset = 0, limit: Limit = 100
+) -> None:
+    """List subscriptions."""
+    subscriptions = _call(url, lambda client: client.list_subscriptions(offset, limit))
+    if as_json:
+        typer.echo(_dump(_jsonable(subscriptions)))
+        return
+    rows = [
+        (s.id, s.topic_id, s.max_delivery_attempts, s.ack_deadline_seconds, s.filter) for s in subscriptions
+    ]
+    _table(rows, ("ID", "TOPIC", "ATTEMPTS", "ACK DEADLINE", "FILTER"), "(no subscriptions)")
+
+
+@subscriptions_app.command("get")
+def subscriptions_get(subscription_id: SubscriptionArg, url: Url = None, as_json: Json = False) -> None:
+    """Show a subscription: filter and delivery policy."""
+    _fields(_call(url, lambda client: client.get_subscription(subscription_id)), as_json)
+
+
+@subscriptions_app.command("update")
+def subscriptions_update(
+    subscription_id: SubscriptionArg,
+    filter_json: Annotated[
+        str | None, typer.Option("--filter", help="New filter, a JSON object; 'null' removes it")
+    ] = None,
+    max_delivery_attempts: Attempts = None,
+    backoff_min: BackoffMin = None,
+    backoff_max: BackoffMax = None,
+    ack_deadline: AckDeadline = None,
+    url: Url = None,
+    as_json: Json = False,
+) -> None:
+    """Change what is given; the rest stays."""
+    from fastpubsub.client import UNSET
+
+    subscription_filter = UNSET if filter_json is None else _filter(filter_json)
+    policy = _policy(max_delivery_attempts, backoff_min, backoff_max, ack_deadline)
+    subscription = _call(
+        url, lambda client: client.update_subscription(subscription_id, filter=subscription_filter, **policy)
+    )
+    _fields(subscription, as_json)
+
+
+@subscriptions_app.command("delete")
+def subscriptions_delete(subscription_id: SubscriptionArg, url: Url = None) -> None:
+    """Delete a subscription and its pending messages."""
+    _call(url, lambda client: client.delete_subscription(subscription_id))
+    typer.echo(f"deleted subscription {subscription_id}")
+
+
+@subscriptions_app.command("metrics")
+def subscriptions_metrics(subscription_id: SubscriptionArg, url: Url = None, as_json: Json = False) -> None:
+    """Counts (available, delivered, delayed, acked, dlq) and the oldest waiting message's age."""
+    _fields(_call(url, lambda client: client.metrics(subscription_id)), as_json)
+
+
+@subscriptions_app.command("seek")
+def subscriptions_seek(
+    subscription_id: SubscriptionArg,
+    time: Annotated[str, typer.Argument(help="ISO 8601 time with a zone, e.g. 2026-11-22T10:00:00Z")],
+    url: Url = None,
+    as_json: Json = False,
+) -> None:
+    """Replay: deliver again the retained messages published from TIME on."""
+    try:
+        when = datetime.fromisoformat(time)
+    except ValueError:
+        raise _invalid(f'"{time}" is not an ISO 8601 time') from None
+    if when.tzinfo is None:
+        raise _invalid(f'"{time}" has no time zone (add Z or +00:00)')
+    result = _call(url, lambda client: client.seek(subscription_id, when))
+    if as_json:
+        _fields(result, as_json)
+    else:
+        typer.echo(f"replaying {result.replayed} messages; {result.acked} earlier ones now count as acked")
+
+
+# -- publish, pull, tail ---------------------------------------------------------------------------
+
+
+def publish(
+    topic_id: TopicArg,
+    message: Annotated[
+        str, typer.Argument(help="A JSON object; '-' (the default) reads one per line from stdin")
+    ] = "-",
+    attribute: Annotated[
+        list[str] | None, typer.Option("--attribute", "-a", help="name=value (repeat for more)")
+    ] = None,
+    priority: Annotated[int, typer.Option(min=0, max=9, help="0-9, higher first")] = 0,
+    delay: Annotated[
+        float | None, typer.Option(min=0, help="Deliver no sooner than this many seconds")
+    ] = None,
+    idempotency_key: Annotated[
+        str | None, typer.Option(help="A repeat returns the original id (one message only)")
+    ] = None,
+    url: Url = None,
+    as_json: Json = False,
+) -> None:
+    """Publish a message, or one per stdin line (batched); prints the ids in order."""
+    import asyncio
+    from collections import deque
+
+    from fastpubsub.client import AsyncPublisher, PublishOptions
+
+    attributes = {}
+    for item in attribute or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise _invalid(f'--attribute takes name=value, not "{item}"')
+        attributes[name] = value
+    if message == "-" and idempotency_key is not None:
+        raise _invalid("--idempotency-key goes with a single message, not stdin")
+    options: PublishOptions = {
+        "priority": priority,
+        "attributes": attributes or None,
+        "delay_seconds": delay,
+        "idempotency_key": idempotency_key,
+    }
+    ids: list[str] = []
+
+    async def lines() -> Any:
+        if message != "-":
+            yield "the message", message
+            return
+        loop = asyncio.get_running_loop()
+        number = 0
+        # A line at a time in a thread: messages go out while a slow producer writes the next.
+        while line := await loop.run_in_executor(None, sys.stdin.readline):
+            number += 1
+            if line.strip():
+                yield f"line {number}", line
+
+    async def work(client: AsyncClient) -> None:
+        pending: deque[asyncio.Future[Any]] = deque()
+
+        def show_done() -> None:
+            while pending and pending[0].done():
+                ids.append(str(pending.popleft().result()))
+                if not as_json:
+                    typer.echo(ids[-1])
+
+        async with AsyncPublisher(client) as publisher:
+            async for what, text in lines():
+                try:
+                    pending.append(publisher.publish(topic_id, _payload(text, what), **options))
+                except (InvalidInputError, ValueError, TypeError) as exc:
+                    await publisher.flush()
+                    show_done()
+                    problem = " ".join(str(exc).split())
+                    if not isinstance(exc, InvalidInputError):
+                        problem = f"{what}: {problem}"
+                    if ids:
+                        verb = "was" if len(ids) == 1 else "were"
+                        problem += f"; the {_count(len(ids), 'message')} before it {verb} published"
+                    raise InvalidInputError(problem) from None
+                show_done()
+        for future in pending:
+            ids.append(str(await future))
+            if not as_json:
+                typer.echo(ids[-1])
+
+    _call(url, work)
+    if as_json:
+        typer.echo(_dump({"message_ids": ids}))
+
+
+def pull(
+    subscription_id: SubscriptionArg,
+    max_messages: Annotated[int, typer.Option("--max", min=1, max=100, help="Messages at most")] = 10,
+    wait: Annotated[
+        float, typer.Option(min=0, max=30, help="Wait up to this many seconds for a message")
+    ] = 0,
+    ack: Annotated[bool, typer.Option("--ack", help="Ack what was pulled")] = False,
+    url: Url = None,
+    as_json: Json = False,
+) -> None:
+    """Lease messages and print them; --ack acks them, otherwise their leases run out."""
+
+    async def work(client: AsyncClient) -> list[MessageOut]:
+        messages = await client.pull(subscription_id, max_messages, wait_seconds=wait)
+        if ack and messages:
+            await client.ack(subscription_id, [m.id for m in messages])
+        return messages
+
+    messages = _call(url, work)
+    _messages(messages, as_json, "(no messages)")
+    if messages:
+        note = "acked" if ack else "leased until the ack deadline (--ack to ack them)"
+        typer.echo(f"{_count(len(messages), 'message')} {note}", err=True)
+
+
+def tail(
+    subscription_id: SubscriptionArg,
+    max_in_flight: Annotated[int, typer.Option(min=1, max=1000, help="Unacked messages at most")] = 100,
+    url: Url = None,
+    as_json: Json = False,
+) -> None:
+    """Stream messages as they come, print and ack each, until Ctrl+C."""
+    from fastpubsub.client import AsyncSubscriber
+
+    def show(message: MessageOut) -> None:
+        if as_json:
+            typer.echo(_dump(_jsonable(message)))
+        else:
+            created = message.created_at.isoformat(timespec="milliseconds")
+            typer.echo(f"{created}  {message.id}  {_dump(message.payload)}")
+
+    async def work(client: AsyncClient) -> int:
+        subscriber = AsyncSubscriber(client)
+        consumer = await subscriber.subscribe(
+            subscription_id, show, max_messages=max_in_flight, concurrency=1, shutdown_timeout=5
+        )
+        typer.echo(f"streaming {subscription_id}; Ctrl+C stops", err=True)
+        await subscriber.run()
+        return consumer.stats.acked
+
+    acked = _call(url, work)
+    typer.echo(f"stopped; {_count(acked, 'message')} acked", err=True)
+
+
+# -- dead letters ----------------------------------------------------------------------------------
+
+
+@dlq_app.command("list")
+def dlq_list(
+    subscription_id: SubscriptionArg,
+    url: Url = None,
+    as_json: Json = False,
+    offset: Offset = 0,
+    limit: Limit = 100,
+) -> None:
+    """Dead letters, oldest first."""
+    messages = _call(url, lambda client: client.list_dlq(subscription_id, offset, limit))
+    _messages(messages, as_json, "(no dead letters)")
+
+
+@dlq_app.command("reprocess")
+def dlq_reprocess(
+    subscription_id: SubscriptionArg,
+    ids: Annotated[list[str] | None, typer.Argument(help="Message ids (see dlq list)")] = None,
+    every: Annotated[bool, typer.Option("--all", help="Every dead letter of the subscription")] = False,
+    url: Url = None,
+) -> None:
+    """Make dead letters deliverable again, attempts reset."""
+    from uuid import UUID
+
+    if bool(ids) == every:
+        raise _invalid("give message ids or --all (not both)")
+    try:
+        chosen = [UUID(value) for value in ids or []]
+    except ValueError:
+        raise _invalid("message ids are UUIDs (see fastpubsub dlq list)") from None
+
+    async def work(client: AsyncClient) -> int:
+        if not every:
+            await client.reprocess_dlq(subscription_id, chosen)
+            return len(chosen)
+        done = 0
+        # Each round takes the oldest page; reprocessed ones leave the DLQ. Bounded: a
+        # message dead-lettered again meanwhile waits for the next run.
+        for _ in range(10_000):
+            page = await client.list_dlq(subscription_id, 0, 1000)
+            if not page:
+                break
+            await client.reprocess_dlq(subscription_id, [m.id for m in page])
+            done += len(page)
+        return done
+
+    done = _call(url, work)
+    typer.echo(f"reprocessed {done} dead letters" if every else f"reprocessing {done} messages")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the data-plane commands to the `fastpubsub` command line."""
+    app.add_typer(topics_app, name="topics")
+    app.add_typer(subscriptions_app, name="subscriptions")
+    app.command("publish")(publish)
+    app.command("pull")(pull)
+    app.command("tail")(tail)
+    app.add_typer(dlq_app, name="dlq")

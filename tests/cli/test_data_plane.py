@@ -1,0 +1,336 @@
+"""The data-plane commands (topics, subscriptions, publish, pull, dlq, tail) against the real server."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from fastpubsub import dev
+from fastpubsub.cli import app
+from fastpubsub.embedded import free_port
+from fastpubsub.settings import get_settings
+from tests.e2e.conftest import FASTPUBSUB, Server, base_env, run_server  # noqa: F401 - a fixture
+
+Invoke = Callable[..., Result]
+UUID_LINE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+@pytest.fixture
+def server(database_url: str, run_server: Callable[..., Server]) -> Server:  # noqa: F811
+    return run_server(base_env(database_url))
+
+
+@pytest.fixture
+def invoke(server: Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Invoke]:
+    """`fastpubsub ...` in-process, FASTPUBSUB_API_URL naming the test's server (no dev record around)."""
+    runner = CliRunner()
+    monkeypatch.setenv("FASTPUBSUB_EMBEDDED_DATA_DIR", str(tmp_path / "no-dev-here"))
+
+    def _invoke(*args: str, stdin: str | None = None, **env: str) -> Result:
+        monkeypatch.setenv("FASTPUBSUB_API_URL", env.pop("api_url", server.url))
+        for key, value in env.items():
+            monkeypatch.setenv(f"FASTPUBSUB_{key.upper()}", value)
+        get_settings.cache_clear()
+        return runner.invoke(app, list(args), input=stdin)
+
+    yield _invoke
+    get_settings.cache_clear()
+
+
+def ok(result: Result) -> str:
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def test_topics(invoke: Invoke) -> None:
+    assert ok(invoke("topics", "create", "orders")) == "created topic orders\n"
+    created = json.loads(ok(invoke("topics", "create", "invoices", "--json")))
+    assert created["id"] == "invoices"
+    table = ok(invoke("topics", "list")).splitlines()
+    assert table[0].split() == ["ID", "CREATED"]
+    assert [line.split()[0] for line in table[1:]] == ["invoices", "orders"]
+    assert [t["id"] for t in json.loads(ok(invoke("topics", "list", "--json")))] == ["invoices", "orders"]
+    assert ok(invoke("topics", "get", "orders")).startswith("id: orders\ncreated_at: ")
+    assert ok(invoke("topics", "delete", "invoices")) == "deleted topic invoices\n"
+    assert json.loads(ok(invoke("topics", "list", "--json", "--limit", "1"))) == [
+        json.loads(ok(invoke("topics", "get", "orders", "--json")))
+    ]
+
+
+def test_subscriptions(invoke: Invoke) -> None:
+    ok(invoke("topics", "create", "orders"))
+    created = ok(
+        invoke(
+            "subscriptions",
+            "create",
+            "order-emails",
+            "--topic",
+            "orders",
+            "--filter",
+            '{"country": ["BR"]}',
+            "--max-delivery-attempts",
+            "3",
+            "--ack-deadline",
+            "60",
+        )
+    )
+    assert created == "created subscription order-emails on topic orders\n"
+    shown = json.loads(ok(invoke("subscriptions", "get", "order-emails", "--json")))
+    assert (shown["filter"], shown["max_delivery_attempts"], shown["ack_deadline_seconds"]) == (
+        {"country": ["BR"]},
+        3,
+        60,
+    )
+    table = ok(invoke("subscriptions", "list")).splitlines()
+    assert table[0].split()[:3] == ["ID", "TOPIC", "ATTEMPTS"]
+    assert table[1].split()[:4] == ["order-emails", "orders", "3", "60"]
+
+    updated = ok(invoke("subscriptions", "update", "order-emails", "--backoff-min", "1"))
+    assert 'filter: {"country":["BR"]}' in updated  # left as it was
+    assert "backoff_min_seconds: 1" in updated
+    removed = json.loads(ok(invoke("subscriptions", "update", "order-emails", "--filter", "null", "--json")))
+    assert removed["filter"] is None
+
+    metrics = ok(invoke("subscriptions", "metrics", "order-emails"))
+    assert "available: 0" in metrics
+    assert json.loads(ok(invoke("subscriptions", "metrics", "order-emails", "--json")))["dlq"] == 0
+    assert ok(invoke("subscriptions", "seek", "order-emails", "2020-01-01T00:00:00Z")).startswith(
+        "replaying 0"
+    )
+    assert ok(invoke("subscriptions", "delete", "order-emails")) == "deleted subscription order-emails\n"
+
+
+def test_publish_and_pull(invoke: Invoke) -> None:
+    ok(invoke("topics", "create", "orders"))
+    ok(invoke("subscriptions", "create", "s", "--topic", "orders"))
+    (single,) = ok(
+        invoke("publish", "orders", '{"n": 0}', "-a", "source=cli", "--priority", "1")
+    ).splitlines()
+    assert UUID_LINE.match(single)
+    lines = "".join(f'{{"n": {n}}}\n' for n in range(1, 251)) + "\n"  # a blank line is skipped
+    ids = ok(invoke("publish", "orders", stdin=lines)).splitlines()
+    assert len(ids) == 250
+    assert all(UUID_LINE.match(i) for i in ids)
+    keyed = json.loads(ok(invoke("publish", "orders", '{"n": 251}', "--idempotency-key", "k", "--json")))
+    again = json.loads(ok(invoke("publish", "orders", '{"n": 251}', "--idempotency-key", "k", "--json")))
+    assert keyed == again
+
+    pulled = invoke("pull", "s", "--max", "2")
+    table = ok(pulled).splitlines()
+    assert table[0].split() == ["ID", "ATTEMPTS", "PRIORITY", "ATTRIBUTES", "PAYLOAD"]
+    assert table[1].split() == [single, "1", "1", '{"source":"cli"}', '{"n":0}']  # priority 1 first
+    assert pulled.stderr == "2 messages leased until the ack deadline (--ack to ack them)\n"
+    acked = json.loads(ok(invoke("pull", "s", "--max", "100", "--ack", "--json")))
+    assert [m["payload"]["n"] for m in acked] == list(range(2, 102))
+    metrics = json.loads(ok(invoke("subscriptions", "metrics", "s", "--json")))
+    assert (metrics["acked"], metrics["delivered"], metrics["available"]) == (100, 2, 150)
+
+
+def test_pull_waits_for_a_message(invoke: Invoke, server: Server) -> None:
+    ok(invoke("topics", "create", "t"))
+    ok(invoke("subscriptions", "create", "s", "--topic", "t"))
+    assert ok(invoke("pull", "s")) == "(no messages)\n"
+    publisher = subprocess.Popen(
+        [FASTPUBSUB, "publish", "t", '{"late": true}', "--url", server.url],
+        env={**os.environ, "FASTPUBSUB_EMBEDDED_DATA_DIR": "/nonexistent"},
+        stdout=subprocess.DEVNULL,
+    )
+    started = time.monotonic()
+    got = json.loads(ok(invoke("pull", "s", "--wait", "20", "--ack", "--json")))
+    publisher.wait(30)
+    assert [m["payload"] for m in got] == [{"late": True}]
+    assert time.monotonic() - started < 20
+
+
+def test_dead_letters(invoke: Invoke) -> None:
+    ok(invoke("topics", "create", "t"))
+    ok(invoke("subscriptions", "create", "s", "--topic", "t", "--max-delivery-attempts", "1"))
+    ok(invoke("publish", "t", stdin='{"n": 1}\n{"n": 2}\n{"n": 3}\n'))
+    leased = json.loads(ok(invoke("pull", "s", "--json")))
+    from fastpubsub.client import Client
+
+    with Client(os.environ["FASTPUBSUB_API_URL"]) as client:
+        client.nack("s", [m["id"] for m in leased])
+    table = ok(invoke("dlq", "list", "s")).splitlines()
+    assert len(table) == 4
+    first_id = table[1].split()[0]
+    assert ok(invoke("dlq", "reprocess", "s", first_id)) == "reprocessing 1 messages\n"
+    assert ok(invoke("dlq", "reprocess", "s", "--all")) == "reprocessed 2 dead letters\n"
+    assert ok(invoke("dlq", "list", "s")) == "(no dead letters)\n"
+    assert json.loads(ok(invoke("subscriptions", "metrics", "s", "--json")))["available"] == 3
+
+
+ERRORS = [
+    (("topics", "get", "missing"), None, 3, 'error: topic "missing" not found'),
+    (("topics", "create", "t"), None, 4, 'error: topic "t" already exists'),
+    (("topics", "create", "no spaces"), None, 2, "error: "),
+    (("publish", "t", "[1, 2]"), None, 2, "error: the message must be a JSON object, not list"),
+    (("publish", "t", "{oops"), None, 2, "error: the message is not JSON: "),
+    (("publish", "t"), '{"n": 1}\nnope\n', 2, "error: line 2 is not JSON: "),
+    (("publish", "t", "{}", "--priority", "10"), None, 2, "error: Invalid value for '--priority'"),
+    (("publish", "t", "{}", "-a", "novalue"), None, 2, 'error: --attribute takes name=value, not "novalue"'),
+    (("publish", "t", "--idempotency-key", "k"), "{}\n", 2, "error: --idempotency-key goes with a single"),
+    (("subscriptions", "create", "s", "--topic", "t", "--filter", "[1]"), None, 2, "error: --filter must"),
+    (("subscriptions", "seek", "s", "yesterday"), None, 2, 'error: "yesterday" is not an ISO 8601 time'),
+    (("dlq", "reprocess", "s"), None, 2, "error: give message ids or --all"),
+    (("dlq", "reprocess", "s", "not-a-uuid"), None, 2, "error: message ids are UUIDs"),
+]
+
+
+def test_errors_are_one_line_with_the_documented_exit_code(invoke: Invoke) -> None:
+    ok(invoke("topics", "create", "t"))
+    for args, stdin, code, message in ERRORS:
+        result = invoke(*args, stdin=stdin)
+        assert result.exit_code == code, (args, result.output)
+        assert result.stderr.count("\n") == 1, (args, result.stderr)
+        assert result.stderr.startswith(message), (args, result.stderr)
+        assert "Traceback" not in result.output
+
+
+def test_a_bad_stdin_line_stops_after_publishing_what_came_before(invoke: Invoke) -> None:
+    ok(invoke("topics", "create", "t"))
+    ok(invoke("subscriptions", "create", "s", "--topic", "t"))
+    result = invoke("publish", "t", stdin='{"n": 1}\n{"n": 2}\n[3]\n{"n": 4}\n')
+    assert result.exit_code == 2
+    assert len(result.stdout.splitlines()) == 2  # the ids of the two published
+    assert result.stderr == (
+        "error: line 3 must be a JSON object, not list; the 2 messages before it were published\n"
+    )
+    assert json.loads(ok(invoke("subscriptions", "metrics", "s", "--json")))["available"] == 2
+
+
+def test_an_unreachable_server_exits_5(invoke: Invoke) -> None:
+    result = invoke("topics", "list", api_url=f"http://127.0.0.1:{free_port()}")
+    assert result.exit_code == 5
+    assert result.stderr.startswith("error: the server at http://127.0.0.1:")
+    assert "cannot be reached" in result.stderr
+
+
+def test_without_a_server_the_commands_say_how_to_start_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("FASTPUBSUB_API_URL", raising=False)
+    monkeypatch.setenv("FASTPUBSUB_EMBEDDED_DATA_DIR", str(tmp_path))
+    get_settings.cache_clear()
+    result = CliRunner().invoke(app, ["topics", "list"])
+    get_settings.cache_clear()
+    assert result.exit_code == 6
+    assert result.stderr == (
+        "error: no server to talk to: pass --url or set FASTPUBSUB_API_URL, or start one here with "
+        "`make run` (fastpubsub dev) in another terminal\n"
+    )
+
+
+def test_the_running_dev_server_is_found_and_named(
+    server: Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, database_url: str
+) -> None:
+    """A dev.json naming a live process (this one) points the commands at its server and database."""
+    dev.record(tmp_path, dev.DevServer(database_url, server.url, os.getpid()))
+    monkeypatch.delenv("FASTPUBSUB_API_URL", raising=False)
+    monkeypatch.delenv("FASTPUBSUB_DATABASE_URL", raising=False)
+    monkeypatch.setenv("FASTPUBSUB_EMBEDDED_DATA_DIR", str(tmp_path))
+    get_settings.cache_clear()
+    try:
+        created = CliRunner().invoke(app, ["topics", "create", "orders"])
+        clients = CliRunner().invoke(app, ["list-clients"])
+    finally:
+        get_settings.cache_clear()
+    assert created.exit_code == 0, created.output
+    assert created.stdout == "created topic orders\n"
+    assert created.stderr == f"using the dev server at {server.url}\n"
+    assert clients.exit_code == 0, clients.output
+    assert clients.stderr == f"using the database of the dev server: {database_url}\n"
+
+
+def test_credentials_come_from_the_environment(
+    database_url: str,
+    run_server: Callable[..., Server],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    from fastpubsub.auth import generate_signing_key
+    from tests.e2e.conftest import cli
+
+    secured = run_server(base_env(database_url, auth_enabled="true", auth_secret_key=generate_signing_key()))
+    out = cli(secured.env, "create-client", "CLI", "topics:create topics:read", "true")
+    client_id = re.search(r"^client_id=(\S+)$", out, re.M).group(1)  # type: ignore[union-attr]
+    secret = re.search(r"^client_secret=(\S+)$", out, re.M).group(1)  # type: ignore[union-attr]
+    monkeypatch.setenv("FASTPUBSUB_EMBEDDED_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("FASTPUBSUB_API_URL", secured.url)
+
+    def run(*args: str, **env: str) -> Result:
+        for key in ("API_TOKEN", "API_CLIENT_ID", "API_CLIENT_SECRET"):
+            monkeypatch.delenv(f"FASTPUBSUB_{key}", raising=False)
+        for key, value in env.items():
+            monkeypatch.setenv(f"FASTPUBSUB_{key.upper()}", value)
+        get_settings.cache_clear()
+        try:
+            return CliRunner().invoke(app, list(args))
+        finally:
+            get_settings.cache_clear()
+
+    refused = run("topics", "list")
+    assert refused.exit_code == 7
+    assert refused.stderr.startswith("error: ")
+    assert ok(run("topics", "create", "t", api_client_id=client_id, api_client_secret=secret)) == (
+        "created topic t\n"
+    )
+    denied = run("topics", "delete", "t", api_client_id=client_id, api_client_secret=secret)
+    assert denied.exit_code == 7
+    assert "topics:delete" in denied.stderr
+    half = run("topics", "list", api_client_id=client_id)
+    assert half.exit_code == 6
+    assert "client_id and client_secret go together" in half.stderr
+
+
+@pytest.mark.slow
+def test_tail_streams_until_ctrl_c(server: Server, tmp_path: Path) -> None:
+    env = {
+        **base_env("unused"),
+        "FASTPUBSUB_API_URL": server.url,
+        "FASTPUBSUB_EMBEDDED_DATA_DIR": str(tmp_path),
+    }
+    from fastpubsub.client import Client
+
+    with Client(server.url) as client:
+        client.create_topic("t")
+        client.create_subscription("s", "t")
+        tail = subprocess.Popen(
+            [FASTPUBSUB, "tail", "s", "--json"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert tail.stderr is not None
+        assert tail.stderr.readline() == "streaming s; Ctrl+C stops\n"
+        ids = [str(client.publish("t", {"n": n})) for n in range(5)]
+        deadline = time.monotonic() + 20
+        while client.metrics("s").acked < 5 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        tail.send_signal(signal.SIGINT)
+        stdout, stderr = tail.communicate(timeout=30)
+    assert tail.returncode == 0, stderr
+    printed: list[dict[str, Any]] = [json.loads(line) for line in stdout.splitlines()]
+    assert [m["id"] for m in printed] == ids
+    assert stderr == "stopped; 5 messages acked\n"
+
+
+def test_version() -> None:
+    from fastpubsub import __version__
+
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.stdout == f"fastpubsub {__version__}\n"
+    assert sys.modules["fastpubsub"].__version__ == __version__

@@ -1,0 +1,245 @@
+"""Client and AsyncClient against the real server: every call, typed answers, errors as fastpubsub errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+import pytest
+
+from fastpubsub import exceptions
+from fastpubsub.client import (
+    UNSET,
+    AlreadyExistsError,
+    AsyncClient,
+    Client,
+    ClientCreated,
+    ClientOut,
+    InvalidInputError,
+    MessageOut,
+    MetricsOut,
+    NotFoundError,
+    ServerUnavailableError,
+    SubscriptionOut,
+    TopicOut,
+)
+from fastpubsub.client.aio import parse_message
+from fastpubsub.client.http import Retry
+from fastpubsub.embedded import free_port
+from tests.e2e.conftest import Server
+
+
+def test_topics_and_subscriptions(server: Server) -> None:
+    with Client(server.url) as client:
+        topic = client.create_topic("orders")
+        assert isinstance(topic, TopicOut)
+        assert topic.id == "orders"
+        assert [t.id for t in client.list_topics()] == ["orders"]
+        assert client.get_topic("orders") == topic
+
+        created = client.create_subscription(
+            "order-emails",
+            "orders",
+            filter={"country": ["BR"]},
+            max_delivery_attempts=3,
+            ack_deadline_seconds=5,
+        )
+        assert isinstance(created, SubscriptionOut)
+        assert (created.filter, created.max_delivery_attempts, created.ack_deadline_seconds) == (
+            {"country": ["BR"]},
+            3,
+            5,
+        )
+        assert created.backoff_min_seconds == 5  # the server's default
+        assert client.get_subscription("order-emails") == created
+        assert [s.id for s in client.list_subscriptions()] == ["order-emails"]
+
+        kept = client.update_subscription("order-emails", ack_deadline_seconds=9)
+        assert (kept.filter, kept.ack_deadline_seconds) == ({"country": ["BR"]}, 9)  # filter left as it was
+        assert client.update_subscription("order-emails", filter=UNSET).filter == {"country": ["BR"]}
+        assert client.update_subscription("order-emails", filter=None).filter is None  # removed
+
+        client.delete_subscription("order-emails")
+        client.delete_topic("orders")
+        assert client.list_topics() == []
+
+
+def test_publish_consume_settle_and_dead_letters(server: Server) -> None:
+    with Client(server.url) as client:
+        client.create_topic("t")
+        client.create_subscription("s", "t", max_delivery_attempts=1)
+        first = client.publish("t", {"n": 1}, attributes={"source": "test"}, priority=2)
+        second, third = client.publish_batch(
+            "t",
+            [
+                _message({"n": 2}, idempotency_key="k"),
+                _message({"n": 3}, deliver_at=datetime.now(UTC) + timedelta(hours=1)),
+            ],
+        )
+        assert client.publish("t", {"n": 2}, idempotency_key="k") == second  # the key's original id
+
+        metrics = client.metrics("s")
+        assert isinstance(metrics, MetricsOut)
+        assert (metrics.available, metrics.delayed) == (2, 1)
+
+        pulled = client.pull("s", 10, wait_seconds=1)
+        assert all(isinstance(m, MessageOut) for m in pulled)
+        assert [(m.id, m.payload, m.attributes, m.priority) for m in pulled] == [
+            (first, {"n": 1}, {"source": "test"}, 2),
+            (second, {"n": 2}, None, 0),
+        ]
+        assert pulled[0].subscription_id == "s"
+        assert pulled[0].delivery_attempts == 1
+        client.extend_leases("s", [first], 60)
+        client.ack("s", [first])
+        client.nack("s", [second])  # no attempt left: dead-lettered
+        assert (client.metrics("s").acked, client.metrics("s").dlq) == (1, 1)
+
+        (dead,) = client.list_dlq("s")
+        assert dead.id == second
+        client.reprocess_dlq("s", [second])
+        assert client.metrics("s").available == 1
+        assert third not in [m.id for m in client.pull("s", 10)]
+
+        replay = client.seek("s", datetime.now(UTC) - timedelta(minutes=5))
+        assert replay.replayed >= 2
+
+
+def test_clients(server: Server) -> None:
+    with Client(server.url) as client:
+        created = client.create_client("Billing", "topics:publish:orders")
+        assert isinstance(created, ClientCreated)
+        assert len(created.secret) >= 43
+        (listed,) = client.list_clients()
+        assert isinstance(listed, ClientOut)
+        assert (listed.id, listed.name, listed.is_active) == (created.id, "Billing", True)
+        updated = client.update_client(created.id, "Billing", "topics:publish", is_active=False)
+        assert (updated.scopes, updated.is_active, updated.token_version) == ("topics:publish", False, 2)
+        assert client.rotate_client_secret(created.id).secret != created.secret
+        assert client.get_client(created.id).token_version == 3
+        client.delete_client(created.id)
+        assert client.list_clients() == []
+
+
+def test_errors_are_fastpubsub_errors_with_the_servers_detail(server: Server) -> None:
+    with Client(server.url) as client:
+        with pytest.raises(NotFoundError, match='topic "missing" not found') as missing:
+            client.get_topic("missing")
+        assert isinstance(missing.value, exceptions.NotFoundError)  # what the CLI maps to exit 3
+        assert missing.value.status == 404
+        client.create_topic("t")
+        with pytest.raises(AlreadyExistsError):
+            client.create_topic("t")
+        with pytest.raises(InvalidInputError, match="filter"):
+            client.create_subscription("s", "t", filter={"n": {"$bogus": 1}})
+        with pytest.raises(ValueError, match="priority"):
+            client.publish("t", {"n": 1}, priority=10)  # checked before anything is sent
+        with pytest.raises(TypeError, match="JSON object"):
+            client.publish("t", ["not", "an", "object"])
+
+
+def test_an_unreachable_server_is_a_server_unavailable_error() -> None:
+    retry = Retry(attempts=2, backoff_min=0.01, backoff_max=0.01)
+    with (
+        Client(f"http://127.0.0.1:{free_port()}", retry=retry) as client,
+        pytest.raises(ServerUnavailableError, match="cannot be reached"),
+    ):
+        client.list_topics()
+
+
+async def test_async_client_and_its_stream(server: Server) -> None:
+    async with AsyncClient(server.url) as client:
+        await client.create_topic("t")
+        await client.create_subscription("s", "t")
+        published = [await client.publish("t", {"n": n}) for n in range(3)]
+        received = []
+        async for message in client.stream("s", max_in_flight=3):
+            received.append(message.id)
+            if len(received) == 3:
+                break
+        assert received == published
+        await client.ack("s", received)
+        assert (await client.metrics("s")).acked == 3
+
+
+def test_messages_with_fields_the_server_adds_later_are_read() -> None:
+    message = parse_message(
+        {
+            "id": "0190b5a0-3c1e-7a41-9d2f-5b8e1c0a7f21",
+            "subscription_id": "s",
+            "payload": {"n": 1},
+            "delivery_attempts": 1,
+            "created_at": "2026-11-22T10:00:00Z",
+            "attributes": None,
+            "priority": 0,
+            "receipt": "r-1",
+            "lease_until": "2026-11-22T10:00:30Z",
+        }
+    )
+    assert message.id == UUID("0190b5a0-3c1e-7a41-9d2f-5b8e1c0a7f21")
+    assert message.payload == {"n": 1}
+
+
+def test_importing_the_sdk_loads_nothing_of_the_server() -> None:
+    code = (
+        "import sys, fastpubsub.client; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'fastapi', 'starlette', 'sqlalchemy', 'psycopg', 'argon2', 'jwt', 'pydantic_settings', 'alembic'}))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+def _message(payload: dict[str, int], **options: object) -> object:
+    from fastpubsub.client.aio import envelope
+
+    return envelope(payload, **options)  # type: ignore[arg-type]
+
+
+async def test_server_sent_events_are_parsed_across_chunk_boundaries() -> None:
+    from fastpubsub.client.aio import sse_events
+
+    stream = (
+        b': connected\n\nevent: message\nid: 1\ndata: {"a":\n\nevent: mess',
+        b"age\r\ndata: line one\r\ndata: line two\r\n\r\n: keep-alive\n\n",
+        b'data: no event field\n\nevent: error\ndata: {"detail": "gone"}\n\nevent: message\ndata: cut',
+    )
+
+    async def chunks() -> Any:
+        for chunk in stream:
+            yield chunk
+
+    events = [event async for event in sse_events(chunks())]
+    assert events == [
+        (b"message", b'{"a":'),
+        (b"message", b"line one\nline two"),
+        (b"message", b"no event field"),
+        (b"error", b'{"detail": "gone"}'),
+    ]  # the last, unfinished event is not delivered
+
+
+def test_settling_by_receipt_touches_only_the_lease_it_names(server: Server) -> None:
+    with Client(server.url) as client:
+        client.create_topic("t")
+        client.create_subscription("s", "t", ack_deadline_seconds=1)
+        client.publish_batch("t", [_message({"n": n}) for n in range(3)])  # type: ignore[list-item]
+        first = client.pull("s", 3, consumer_id="a")
+        assert all(m.receipt is not None for m in first)
+        receipts = [m.receipt for m in first if m.receipt is not None]
+        assert client.extend_receipts("s", receipts[:1], 60).extended == receipts[:1]
+        time.sleep(1.2)  # the other two leases run out
+        second = client.pull("s", 3, consumer_id="b")
+        assert sorted(m.id for m in second) == sorted(m.id for m in first[1:])
+
+        stale = client.ack_receipts("s", receipts[1:])
+        assert stale.acknowledged == []
+        assert [(f.receipt, f.reason) for f in stale.failed] == [(r, "lease not held") for r in receipts[1:]]
+        assert client.ack_receipts("s", receipts[:1]).acknowledged == receipts[:1]
+        dead = client.nack_receipts("s", [m.receipt for m in second if m.receipt], requeue=False)
+        assert len(dead.dead_lettered) == 2
+        metrics = client.metrics("s")
+        assert (metrics.acked, metrics.dlq, metrics.delivered) == (1, 2, 0)
