@@ -55,9 +55,17 @@ class TextFormatter(logging.Formatter):
         )
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever sys.stderr is when a record comes (it may have been replaced since)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
 def configure_logging(level: str = "info", fmt: str = "json") -> None:
     """Route fastpubsub, uvicorn and gunicorn logs through one formatter on stderr."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter("%(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -168,3 +168,18 @@ async def db(database_url: str) -> AsyncIterator[Database]:
     database = Database(database_url, pool_size=2, max_overflow=2)
     yield database
     await database.close()
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_it_was() -> Iterator[None]:
+    """Commands configure logging for their process; in the test process that must not outlive the test."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    disabled = {name: logging.getLogger(name).disabled for name in ("uvicorn.access", "gunicorn.access")}
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    for name, was in disabled.items():
+        logging.getLogger(name).disabled = was

@@ -391,7 +391,8 @@ def test_dev_serves_only_on_loopback_without_auth(
     result = invoke_offline("dev", *args, **env)
     assert result.exit_code == 6, result.output
     assert result.stderr.count("\n") == 1
-    assert result.stderr.startswith("error: dev serves without authentication, so only on a loopback address")
+    assert result.stderr.startswith("error: auth is off and ")
+    assert "is not a loopback address" in result.stderr
 
 
 def test_dev_refuses_a_port_in_use(invoke_offline: Invoke) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
+from uuid import UUID
 
 import pytest
 
@@ -12,6 +13,7 @@ from fastpubsub.auth import generate_signing_key
 from fastpubsub.client import (
     AuthenticationError,
     Client,
+    ClientCreated,
     MessageOut,
     PermissionDeniedError,
     Publisher,
@@ -139,3 +141,21 @@ def test_publishing_and_consuming_go_on_across_token_expiry(secured: Server) -> 
         assert consumer.stats.acked == n
         assert client.aio.credentials.fetched >= 2
         assert client.access_token() != first_token
+
+
+def test_clients(secured: Server) -> None:
+    """Managing clients (auth on: with auth off the server makes and changes none over HTTP)."""
+    admin_id, admin_secret = new_client(secured, "*")
+    with Client(secured.url, client_id=admin_id, client_secret=admin_secret) as client:
+        created = client.create_client("Billing", "topics:publish:orders")
+        assert isinstance(created, ClientCreated)
+        assert len(created.secret) >= 43
+        listed = {c.id: c for c in client.list_clients()}
+        assert set(listed) == {created.id, UUID(admin_id)}
+        assert (listed[created.id].name, listed[created.id].is_active) == ("Billing", True)
+        updated = client.update_client(created.id, "Billing", "topics:publish", is_active=False)
+        assert (updated.scopes, updated.is_active, updated.token_version) == ("topics:publish", False, 2)
+        assert client.rotate_client_secret(created.id).secret != created.secret
+        assert client.get_client(created.id).token_version == 3
+        client.delete_client(created.id)
+        assert [c.id for c in client.list_clients()] == [UUID(admin_id)]

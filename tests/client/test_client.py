@@ -17,8 +17,6 @@ from fastpubsub.client import (
     AlreadyExistsError,
     AsyncClient,
     Client,
-    ClientCreated,
-    ClientOut,
     InvalidInputError,
     MessageOut,
     MetricsOut,
@@ -107,22 +105,6 @@ def test_publish_consume_settle_and_dead_letters(server: Server) -> None:
 
         replay = client.seek("s", datetime.now(UTC) - timedelta(minutes=5))
         assert replay.replayed >= 2
-
-
-def test_clients(server: Server) -> None:
-    with Client(server.url) as client:
-        created = client.create_client("Billing", "topics:publish:orders")
-        assert isinstance(created, ClientCreated)
-        assert len(created.secret) >= 43
-        (listed,) = client.list_clients()
-        assert isinstance(listed, ClientOut)
-        assert (listed.id, listed.name, listed.is_active) == (created.id, "Billing", True)
-        updated = client.update_client(created.id, "Billing", "topics:publish", is_active=False)
-        assert (updated.scopes, updated.is_active, updated.token_version) == ("topics:publish", False, 2)
-        assert client.rotate_client_secret(created.id).secret != created.secret
-        assert client.get_client(created.id).token_version == 3
-        client.delete_client(created.id)
-        assert client.list_clients() == []
 
 
 def test_errors_are_fastpubsub_errors_with_the_servers_detail(server: Server) -> None:
