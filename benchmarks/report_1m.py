@@ -101,7 +101,8 @@ def main() -> None:
         )
         driver = helpers.find_jdbc_driver(helpers.get_configured_jar())
         spark = helpers.start_spark(args.master, driver, extra_conf={"spark.driver.memory": "2g"})
-        job = helpers.load_job()
+        from fastpubsub.spark import report as job
+
         target = helpers.to_jdbc(url)
         now = datetime.now(UTC)
         since, until = now - timedelta(hours=24), now
