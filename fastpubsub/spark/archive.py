@@ -185,6 +185,10 @@ def export_batch(
     counts = {"messages": int(plan["messages_n"] or 0), "acked_deliveries": int(plan["acked_n"] or 0)}
     if not any(counts.values()):
         return [], 0, 0
+    # What an earlier attempt at this batch left staged (it stopped half-way) goes first.
+    for stale in {name.split("/", 1)[0] for name in files.files("_staging")}:
+        if stale.startswith(f"batch-{batch.id:012d}-"):
+            files.delete(f"_staging/{stale}")
     staging = f"_staging/batch-{batch.id:012d}-{uuid.uuid4().hex[:12]}"
     try:
         for dataset, prefix, column, sql in (

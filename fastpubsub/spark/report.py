@@ -299,47 +299,52 @@ def archive_part(ledger: Any, destination: str, since: datetime, until: datetime
 
 def _read_archive(
     spark: SparkSession, part: ArchivePart, since: datetime, names: dict[str, Any]
-) -> tuple[DataFrame, DataFrame]:
-    """The archive's messages and acks of [since, watermark) in the live reads' shapes."""
+) -> dict[str, DataFrame]:
+    """The archive's messages and acks of [since, watermark) in the live reads' shapes.
+
+    Subscriptions and topics are matched by id to the keys there are now (a
+    deleted one's history is left out, as its live rows went with it), through
+    a literal map: no join, and nothing that needs Python on the executors.
+    """
     from pyspark.sql import functions as F
 
     from fastpubsub.spark.archive import SCHEMAS
 
-    lo = F.lit(since.astimezone(UTC).replace(tzinfo=None)).cast("timestamp")
-    hi = F.lit(part.watermark.astimezone(UTC).replace(tzinfo=None)).cast("timestamp")
+    lo = F.lit(_naive_utc(since)).cast("timestamp")
+    hi = F.lit(_naive_utc(part.watermark)).cast("timestamp")
 
-    def read(dataset: str) -> DataFrame:
-        base = f"{part.destination}/{dataset}"
-        if not part.files[dataset]:
-            return spark.createDataFrame([], SCHEMAS[dataset])
-        return spark.read.schema(SCHEMAS[dataset]).option("basePath", base).parquet(*part.files[dataset])
+    def keys(pairs: list[tuple[str, int]]) -> Any:
+        return F.create_map(*[F.lit(value) for pair in pairs for value in pair]) if pairs else None
 
-    # The keys of the subscriptions and topics there are now: a deleted one's
-    # history is left out, as its live rows went with it.
-    subscriptions = F.broadcast(
-        spark.createDataFrame(
-            [(sub_id, key) for key, (sub_id, _topic, _max) in names["subscriptions"].items()],
-            "subscription STRING, subscription_key INT",
+    def read(dataset: str, column: str, name: str, mapping: Any) -> DataFrame | None:
+        if not part.files[dataset] or mapping is None:
+            return None
+        frame = (
+            spark.read.schema(SCHEMAS[dataset])
+            .option("basePath", f"{part.destination}/{dataset}")
+            .parquet(*part.files[dataset])
         )
-    )
-    topics = F.broadcast(
-        spark.createDataFrame(
-            [(topic, key) for key, topic in names["topics"].items()], "topic STRING, topic_key INT"
+        return frame.where((F.col(column) >= lo) & (F.col(column) < hi)).withColumn(
+            f"{name}_key", mapping[F.col(name)]
         )
-    )
-    messages = (
-        read("messages")
-        .where((F.col("created_at") >= lo) & (F.col("created_at") < hi))
-        .join(topics, "topic")
-        .select("created_at", "topic_key", "fanout")
-    )
-    acked = (
-        read("acked_deliveries")
-        .where((F.col("acked_at") >= lo) & (F.col("acked_at") < hi))
-        .join(subscriptions, "subscription")
-        .select("acked_at", "subscription_key", "attempts", F.col("message_created_at").alias("created_at"))
-    )
-    return messages, acked
+
+    subscriptions = keys([(sub_id, key) for key, (sub_id, _, _) in names["subscriptions"].items()])
+    topics = keys([(topic, key) for key, topic in names["topics"].items()])
+    frames = {}
+    messages = read("messages", "created_at", "topic", topics)
+    if messages is not None:
+        frames["messages"] = messages.where(F.col("topic_key").isNotNull()).select(
+            "created_at", F.col("topic_key").cast("int"), "fanout"
+        )
+    acked = read("acked_deliveries", "acked_at", "subscription", subscriptions)
+    if acked is not None:
+        frames["acked"] = acked.where(F.col("subscription_key").isNotNull()).select(
+            "acked_at",
+            F.col("subscription_key").cast("int"),
+            "attempts",
+            F.col("message_created_at").alias("created_at"),
+        )
+    return frames
 
 
 def _read_all(
@@ -371,10 +376,10 @@ def _read_all(
     acked = reader.table(ACKED_SQL.format(**literals), plan.acked)
     deliveries = reader.table(DELIVERIES_SQL.format(as_of=_ts(as_of)), plan.deliveries)
     live_rows = {"messages": int(plan_row["messages_n"] or 0), "acked": int(plan_row["acked_n"] or 0)}
-    archived: dict[str, DataFrame] = {}
-    if archive is not None:
-        archived["messages"], archived["acked"] = _read_archive(reader.spark, archive, since, names)
+    archived = _read_archive(reader.spark, archive, since, names) if archive is not None else {}
+    if "messages" in archived:
         messages = archived["messages"].unionByName(messages)
+    if "acked" in archived:
         acked = archived["acked"].unionByName(acked)
     return {
         "archived": archived,
@@ -841,12 +846,13 @@ def run_report(
     out.mkdir(parents=True, exist_ok=True)
     reader = JdbcReader(spark, target, fetchsize)
     data = _read_all(reader, since, until, max(1, partitions), archive)
-    for name, frame in data["archived"].items():
-        assert archive is not None
-        archive.rows[name] = frame.count()
+    if archive is not None:
+        for name in ("messages", "acked"):
+            archive.rows[name] = data["archived"][name].count() if name in data["archived"] else 0
     progress(
         "reading",
-        f"{target.masked_url} ({partitions} partitions): {data['live_rows']['messages']:,} messages, "
+        f"{target.masked_url} ({partitions} JDBC partition{'s' if partitions > 1 else ''}): "
+        f"{data['live_rows']['messages']:,} messages, "
         f"{data['live_rows']['acked']:,} acked deliveries and every pending delivery"
         + (
             f"; archive {archive.destination}: {archive.rows['messages']:,} messages, "

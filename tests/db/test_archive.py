@@ -3,6 +3,7 @@ taken over when their run is gone, committed by their holder; cleanup that waits
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -55,7 +56,7 @@ def test_batches_follow_each_other_a_day_at_most_up_to_the_horizon(
             assert ledger.commit(batch, [], 0, 0)
     assert claimed[0].starts_at is None  # -infinity: everything older too
     assert claimed[0].ends_at == midnight_after(oldest)
-    for before, after in zip(claimed, claimed[1:], strict=False):
+    for before, after in itertools.pairwise(claimed):
         assert after.starts_at == before.ends_at  # no gap, no overlap
     for batch in claimed:  # the rows of one UTC day at most (days with none are skipped)
         days = history.execute(
@@ -138,14 +139,12 @@ def test_a_transaction_still_running_holds_the_horizon_back(
 
 def test_claims_refuse_bad_arguments(conn: psycopg.Connection) -> None:
     for destination, settle in (("", 5), (DEST, -1)):
-        with pytest.raises(psycopg.Error, match="destination|settle"):
+        with pytest.raises(psycopg.Error, match=r"destination|settle"):
             conn.execute("SELECT * FROM fastpubsub.archive_claim(%s, %s)", (destination, settle))
 
 
 def cleanup(conn: psycopg.Connection, archived_in: str | None) -> tuple[int, int]:
-    row = conn.execute(
-        "SELECT * FROM fastpubsub.cleanup_acked(0, 1000, %s)", (archived_in,)
-    ).fetchone()
+    row = conn.execute("SELECT * FROM fastpubsub.cleanup_acked(0, 1000, %s)", (archived_in,)).fetchone()
     return int(row[0]), int(row[1])
 
 
