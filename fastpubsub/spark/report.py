@@ -509,6 +509,13 @@ def _split_percentiles(frame: Any) -> Any:
     return frame
 
 
+def _counts(values: Any) -> Any:
+    """Counts as int64, 0 where a merge found none (an empty aggregate has untyped columns)."""
+    import pandas as pd
+
+    return pd.to_numeric(values, errors="coerce").fillna(0).astype("int64")
+
+
 def _utc_hours(values: Any) -> Any:
     """Spark's naive UTC timestamps as aware UTC pandas timestamps."""
     import pandas as pd
@@ -546,7 +553,7 @@ def assemble(frames: dict[str, Any], names: dict[str, Any], as_of: datetime) -> 
         "scheduled",
         "dlq_total",
     ):
-        merged[column] = merged[column].fillna(0).astype("int64")
+        merged[column] = _counts(merged[column])
     merged["max_delivery_attempts"] = merged["max_delivery_attempts"].astype("int32")
     merged["routed"] = merged["acked"] + merged["routed_pending"]
     merged["delivered"] = merged["acked_delivered"] + merged["delivered_pending"]
@@ -590,7 +597,7 @@ def assemble(frames: dict[str, Any], names: dict[str, Any], as_of: datetime) -> 
     acked_hourly = acked_hourly.groupby(["topic_key", "hour"], as_index=False)["deliveries_acked"].sum()
     hourly = frames["published"].merge(acked_hourly, on=["topic_key", "hour"], how="outer")
     for column in ("messages_published", "deliveries_routed", "deliveries_acked"):
-        hourly[column] = hourly[column].fillna(0).astype("int64")
+        hourly[column] = _counts(hourly[column])
     hourly["topic"] = [topics.get(key) for key in hourly["topic_key"]]
     hourly["hour"] = _utc_hours(hourly["hour"])
     topics_hourly = hourly[["topic", "hour", "messages_published", "deliveries_routed", "deliveries_acked"]]
@@ -598,7 +605,7 @@ def assemble(frames: dict[str, Any], names: dict[str, Any], as_of: datetime) -> 
 
     latency = _split_percentiles(frames["latency_hourly"].copy())
     latency["hour"] = _utc_hours(latency["hour"])
-    latency["deliveries_acked"] = latency["deliveries_acked"].astype("int64")
+    latency["deliveries_acked"] = _counts(latency["deliveries_acked"])
     latency_hourly = latency[
         ["hour", "deliveries_acked", "ack_latency_p50_s", "ack_latency_p95_s", "ack_latency_p99_s"]
     ].sort_values("hour", ignore_index=True)
