@@ -34,12 +34,13 @@ SEED_SQL = [
         f"SELECT fastpubsub.create_subscription('bench-report-{i}', 'bench-report', NULL, 5, 1, 60, 30)"
         for i in range(SUBSCRIPTIONS)
     ],
-    # Messages spread evenly over the last 23 hours, ids in the UUIDv7 layout.
+    # Messages spread evenly over the last `hours` hours (up to a minute ago), ids in the UUIDv7 layout.
     """INSERT INTO fastpubsub.messages (created_at, id, topic_key, fanout, payload)
        SELECT x.ts, fastpubsub._message_id(x.ts, g), t.key, %(subs)s, jsonb_build_object('n', g)
        FROM fastpubsub.topics AS t,
             generate_series(1, %(messages)s) AS g,
-            LATERAL (SELECT now() - interval '23 hours' + g * (interval '23 hours' / %(messages)s) AS ts) AS x
+            LATERAL (SELECT now() - interval '1 minute' - make_interval(secs => %(hours)s * 3600)
+                            + g * (make_interval(secs => %(hours)s * 3600) / %(messages)s) AS ts) AS x
        WHERE t.id = 'bench-report'""",
     # Acked: 7 in 10 (by message number); latency 0-20 s; every 10th on a 2nd attempt.
     """INSERT INTO fastpubsub.acked_deliveries (acked_at, message_id, subscription_key, attempts)
@@ -61,11 +62,12 @@ SEED_SQL = [
 ]
 
 
-def seed(url: str, rows: int) -> dict[str, int]:
+def seed(url: str, rows: int, hours: float = 23) -> dict[str, int]:
+    """`rows` delivery rows for messages published over the last `hours` hours."""
     messages = rows // SUBSCRIPTIONS
     with psycopg.connect(libpq_url(url), autocommit=True) as conn:
         for sql in SEED_SQL:
-            conn.execute(sql, {"subs": SUBSCRIPTIONS, "messages": messages})
+            conn.execute(sql, {"subs": SUBSCRIPTIONS, "messages": messages, "hours": hours})
         conn.execute("VACUUM ANALYZE fastpubsub.messages, fastpubsub.deliveries, fastpubsub.acked_deliveries")
         counts = {}
         for table in ("messages", "deliveries", "acked_deliveries"):

@@ -684,7 +684,6 @@ def draw_chart(
             series = by_hour[column].sum().reindex(hours[:-1], fill_value=0)
             top.stairs(series.to_numpy(), edges, label=label, **style)
             counts_top = max(counts_top, int(series.max()))
-        top.legend(loc="upper left")
     else:
         top.text(0.5, 0.5, "no messages in this window", ha="center", va="center", transform=top.transAxes)
     top.set_ylim(0, max(1, counts_top) * 1.1)
@@ -692,19 +691,19 @@ def draw_chart(
     top.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}"))
     latency_top = 0.0
     if len(latency_hourly):
-        starts = latency_hourly["hour"].dt.tz_convert(None)
-        left = mdates.date2num(list(starts))
-        right = mdates.date2num(list(starts + pd.Timedelta(hours=1)))
+        by_hour = latency_hourly.assign(hour=latency_hourly["hour"].dt.tz_convert(None)).set_index("hour")
         for column, label, color in (
             ("ack_latency_p50_s", "p50", "tab:blue"),
             ("ack_latency_p99_s", "p99", "tab:red"),
         ):
-            values = latency_hourly[column].astype(float).to_numpy()
-            bottom.hlines(values, left, right, colors=color, linewidth=2, label=label)
-            if len(values) <= 48:  # few hours: a marker each, so a single one stands out
-                bottom.plot((left + right) / 2, values, "o", color=color, markersize=4)
-            latency_top = max(latency_top, float(pd.Series(values).max(skipna=True) or 0))
-        bottom.legend(loc="upper left")
+            # Every hour of the window: NaN (a gap in the line) where nothing was acked.
+            series = by_hour[column].astype(float).reindex(hours[:-1])
+            bottom.stairs(series.to_numpy(), edges, label=label, color=color, linewidth=1.8, baseline=None)
+            if series.notna().sum() <= 48:  # few hours: a marker each, so that a lone one stands out
+                middles = edges[:-1][series.notna().to_numpy()] + 1 / 48  # half an hour, in days
+                bottom.plot(middles, series.dropna(), "o", color=color, markersize=4)
+            latency_top = max(latency_top, float(series.max(skipna=True)) if series.notna().any() else 0.0)
+        bottom.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
     else:
         bottom.text(0.5, 0.5, "no acks in this window", ha="center", va="center", transform=bottom.transAxes)
     bottom.set_ylim(0, (latency_top or 1) * 1.1)
@@ -714,11 +713,11 @@ def draw_chart(
         axes.set_xlim(start, end)
         axes.grid(alpha=0.3)
         if retained_from is not None and retained_from > since:
-            axes.axvspan(start, _naive_utc(retained_from), color="0.85", zorder=0)
-    if retained_from is not None and retained_from > since:
-        top.text(
-            0.01, 0.95, "before: not retained", transform=top.transAxes, va="top", fontsize=8, color="0.4"
-        )
+            axes.axvspan(
+                start, _naive_utc(retained_from), color="0.88", zorder=0, label="data not retained (cleanup)"
+            )
+    if len(topics_hourly) or (retained_from is not None and retained_from > since):
+        top.legend(loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the plot: never over the data
     locator = mdates.AutoDateLocator(minticks=4, maxticks=10)
     bottom.xaxis.set_major_locator(locator)
     bottom.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
