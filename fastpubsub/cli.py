@@ -576,6 +576,13 @@ _DownloadJdbc = Annotated[
 ]
 _Master = Annotated[str, typer.Option(help="Spark master: local[*], spark://HOST:7077, k8s://...")]
 _Partitions = Annotated[int, typer.Option(min=1, max=1024, help="JDBC partitions per large table")]
+
+
+def _uri_option(help: str) -> Any:
+    """An optional directory or URI (no default to show)."""
+    return typer.Option(help=help, show_default=False)
+
+
 _Fetchsize = Annotated[int, typer.Option(min=1, help="JDBC fetch size (rows per round trip)")]
 
 
@@ -585,12 +592,12 @@ def _spark_job(
     database_url: str | None,
     download_jdbc: bool,
     prepare: Callable[[], T],
-    work: Callable[[Any, Any, T, Any], str],
+    work: Callable[[Any, Any, str, T, Any], str],
 ) -> None:
     """Run a Spark job from the CLI: checks first (one line each), progress on stderr, output on stdout.
 
     `prepare` checks the job's own options before Spark starts; `work(spark,
-    target, prepared, progress)` does the job and returns what to print.
+    target, url, prepared, progress)` does the job and returns what to print.
     """
     from fastpubsub.spark import launch
 
@@ -619,7 +626,7 @@ def _spark_job(
     try:
         spark = launch.start_spark(master, driver, app_name=f"fastpubsub-{name}", jvm_log=log)
         progress("started", f"Spark {spark.sparkContext.master}; database {target.masked_url}")
-        output = work(spark, target, prepared, progress)
+        output = work(spark, target, url, prepared, progress)
     except FastPubSubError as exc:
         raise fail(*describe_error(exc)) from None
     except Exception as exc:
@@ -641,10 +648,7 @@ def report(
     out: Annotated[Path, typer.Option(help="Directory for the reports")] = Path("reports"),
     archive: Annotated[
         str | None,
-        typer.Option(
-            help="An archive (directory or URI): the part of the window it holds is read from it",
-            show_default=False,
-        ),
+        _uri_option("An archive (directory or URI): the part of the window it holds is read from it"),
     ] = None,
     master: _Master = "local[*]",
     partitions: _Partitions = 4,
@@ -659,30 +663,12 @@ def report(
         start, end = launch.parse_window(since, until)
         return start, end, launch.archive_destination(archive) if archive else None
 
-    def work(spark: Any, target: Any, prepared: tuple[Any, Any, str | None], progress: Any) -> str:
+    def work(spark: Any, target: Any, url: str, prepared: tuple[Any, Any, str | None], progress: Any) -> str:
         from fastpubsub.spark import report as job
 
         start, end, destination = prepared
-        part = None
-        if destination:
-            from fastpubsub.db.archive import ArchiveLedger
-
-            with ArchiveLedger(database_url or _database_url(_settings())) as ledger:
-                part = job.archive_part(ledger, destination, start, end)
-            if part is None:
-                progress("archive", f"{destination} holds nothing of this window: live tables only")
-        result = job.run_report(
-            spark,
-            target,
-            out,
-            since=start,
-            until=end,
-            partitions=partitions,
-            fetchsize=fetchsize,
-            archive=part,
-            progress=progress,
-        )
-        return result.summary
+        window = {"since": start, "until": end, "partitions": partitions, "fetchsize": fetchsize}
+        return job.report_from(spark, target, url, destination, out, progress=progress, **window)
 
     _spark_job("report", master, database_url, download_jdbc, prepare, work)
 
@@ -691,16 +677,13 @@ def report(
 def archive(
     out: Annotated[
         str | None,
-        typer.Option(
-            help="The archive: a directory or any URI Spark can write [FASTPUBSUB_ARCHIVE_URI]",
-            show_default=False,
-        ),
+        _uri_option("The archive: a directory or any URI Spark can write [FASTPUBSUB_ARCHIVE_URI]"),
     ] = None,
     settle_seconds: Annotated[
         int, typer.Option(min=0, help="Archive nothing written less than this long ago")
     ] = 10,
     max_batches: Annotated[
-        int, typer.Option(min=1, help="Stop after this many batches (one day each)")
+        int, typer.Option(min=1, help="Stop after this many batches (a UTC day at most each)")
     ] = 1000,
     master: _Master = "local[*]",
     partitions: _Partitions = 4,
@@ -717,23 +700,12 @@ def archive(
             raise InvalidInputError("name the archive: --out DIR|URI or FASTPUBSUB_ARCHIVE_URI")
         return launch.archive_destination(where)
 
-    def work(spark: Any, target: Any, destination: str, progress: Any) -> str:
-        from fastpubsub.db.archive import ArchiveLedger
+    def work(spark: Any, target: Any, url: str, destination: str, progress: Any) -> str:
         from fastpubsub.spark import archive as job
 
-        with ArchiveLedger(database_url or _database_url(_settings())) as ledger:
-            result = job.run_archive(
-                spark,
-                target,
-                ledger,
-                destination,
-                partitions=partitions,
-                fetchsize=fetchsize,
-                settle_seconds=settle_seconds,
-                max_batches=max_batches,
-                progress=progress,
-            )
-        return job.summary(result)
+        batches = {"settle_seconds": settle_seconds, "max_batches": max_batches}
+        reads = {"partitions": partitions, "fetchsize": fetchsize}
+        return job.archive_to(spark, target, url, destination, progress=progress, **reads, **batches)
 
     _spark_job("archive", master, database_url, download_jdbc, prepare, work)
 

@@ -291,6 +291,22 @@ def summary(result: ArchiveResult) -> str:
     )
 
 
+def archive_to(
+    spark: SparkSession,
+    target: launch.JdbcTarget,
+    database_url: str,
+    destination: str,
+    *,
+    progress: launch.Progress,
+    **options: Any,
+) -> str:
+    """A whole run, as `fastpubsub archive` and spark/archive.py make it: the summary line."""
+    from fastpubsub.db.archive import ArchiveLedger
+
+    with ArchiveLedger(database_url) as ledger:
+        return summary(run_archive(spark, target, ledger, destination, progress=progress, **options))
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command line (spark-submit spark/archive.py); returns the exit code. Errors are one line."""
     parser = launch.submit_parser("archive.py", __doc__.splitlines()[0])
@@ -305,21 +321,17 @@ def main(argv: list[str] | None = None) -> int:
     def job(
         spark: SparkSession, target: launch.JdbcTarget, destination: str, progress: launch.Progress
     ) -> str:
-        from fastpubsub.db.archive import ArchiveLedger
-
-        with ArchiveLedger(launch.libpq_target_url(args.url, target)) as ledger:
-            result = run_archive(
-                spark,
-                target,
-                ledger,
-                destination,
-                partitions=args.partitions,
-                fetchsize=args.fetchsize,
-                settle_seconds=args.settle_seconds,
-                max_batches=args.max_batches,
-                progress=progress,
-            )
-        return summary(result)
+        return archive_to(
+            spark,
+            target,
+            launch.libpq_target_url(args.url, target),
+            destination,
+            progress=progress,
+            partitions=args.partitions,
+            fetchsize=args.fetchsize,
+            settle_seconds=args.settle_seconds,
+            max_batches=args.max_batches,
+        )
 
     return launch.submit_main(args, "fastpubsub-archive", prepare, job)
 

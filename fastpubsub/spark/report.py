@@ -916,6 +916,34 @@ def run_report(
 # ---------------------------------------------------------------------------
 
 
+def report_from(
+    spark: SparkSession,
+    target: launch.JdbcTarget,
+    database_url: str | None,
+    archive: str | None,
+    out: Path | str,
+    *,
+    since: datetime,
+    until: datetime,
+    progress: launch.Progress,
+    **options: Any,
+) -> str:
+    """A whole run, as `fastpubsub report` and spark/report.py make it (with the archive, if
+    one is named, for the part of the window it holds): the summary."""
+    part = None
+    if archive and database_url:
+        from fastpubsub.db.archive import ArchiveLedger
+
+        with ArchiveLedger(database_url) as ledger:
+            part = archive_part(ledger, archive, since, until)
+        if part is None:
+            progress("archive", f"{archive} holds nothing of this window: live tables only")
+    result = run_report(
+        spark, target, out, since=since, until=until, archive=part, progress=progress, **options
+    )
+    return result.summary
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command line (spark-submit spark/report.py); returns the exit code. Errors are one line."""
     parser = launch.submit_parser("report.py", __doc__.splitlines()[0])
@@ -930,24 +958,18 @@ def main(argv: list[str] | None = None) -> int:
 
     def job(spark: SparkSession, target: launch.JdbcTarget, window: Any, progress: launch.Progress) -> str:
         since, until = window
-        part = None
-        if args.archive:
-            from fastpubsub.db.archive import ArchiveLedger
-
-            with ArchiveLedger(launch.libpq_target_url(args.url, target)) as ledger:
-                part = archive_part(ledger, args.archive, since, until)
-        result = run_report(
+        return report_from(
             spark,
             target,
+            launch.libpq_target_url(args.url, target) if args.archive else None,
+            args.archive,
             args.out,
             since=since,
             until=until,
             partitions=args.partitions,
             fetchsize=args.fetchsize,
-            archive=part,
             progress=progress,
         )
-        return result.summary
 
     return launch.submit_main(args, "fastpubsub-report", prepare, job)
 
