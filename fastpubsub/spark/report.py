@@ -122,12 +122,7 @@ class JdbcReader:
     # would then read the table N times; so partition queries (and the bounds
     # query) read through the index on their column: the primary key for
     # deliveries, the BRIN indexes on messages.created_at and acked_at.
-    # The joins to messages (for their created_at) look each message up by its
-    # primary key: a hash join would read the whole messages table once per
-    # partition.
-    INDEXED_SESSION_INIT = (
-        SESSION_INIT + "; SET enable_seqscan TO off; SET enable_hashjoin TO off; SET enable_mergejoin TO off"
-    )
+    INDEXED_SESSION_INIT = SESSION_INIT + "; SET enable_seqscan TO off"
 
     def __init__(
         self,
@@ -195,9 +190,10 @@ PLAN_SQL = (
     "FROM fastpubsub.acked_deliveries WHERE acked_at >= {live_from}) AS a"
 )
 MESSAGES_SQL = "SELECT created_at, topic_key, fanout FROM fastpubsub.messages WHERE {live_window}"
-# Each ack with its message's created_at, joined in PostgreSQL: every partition
-# query looks its messages up by primary key, so the join is split with the
-# read, and Spark needs no join at all. Acks of the window's messages can only
+# Each ack with its message's created_at, joined in PostgreSQL inside every
+# partition query, so Spark needs no join at all. (Measured over 700,000 acks:
+# a hash join over messages read through their primary key costs each
+# partition less than looking every ack's message up by key.) Acks of the window's messages can only
 # happen after `since`; acks after `until` still count towards their outcome.
 ACKED_SQL = (
     "SELECT a.acked_at, a.subscription_key, a.attempts, m.created_at "
