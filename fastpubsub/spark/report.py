@@ -490,11 +490,28 @@ def aggregate(data: dict[str, Any], since: datetime, until: datetime) -> dict[st
     return frames
 
 
+# pandas dtypes for Spark's, so that an empty aggregate still merges with the others.
+_DTYPES = {
+    "LongType": "int64",
+    "IntegerType": "int64",
+    "DoubleType": "float64",
+    "TimestampType": "datetime64[ns]",
+}
+
+
 def _collect(df: DataFrame) -> Any:
     """A small aggregate on the driver as a pandas frame (no Arrow, no pandas in Spark itself)."""
     import pandas as pd  # type: ignore[import-untyped]
 
-    return pd.DataFrame.from_records([tuple(row) for row in df.collect()], columns=df.columns)
+    rows = [tuple(row) for row in df.collect()]
+    if rows:
+        return pd.DataFrame.from_records(rows, columns=df.columns)
+    return pd.DataFrame(
+        {
+            field.name: pd.Series(dtype=_DTYPES.get(type(field.dataType).__name__, "object"))
+            for field in df.schema.fields
+        }
+    )
 
 
 def _split_percentiles(frame: Any) -> Any:

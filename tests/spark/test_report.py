@@ -447,3 +447,15 @@ def test_the_password_never_appears(
     # What Spark would put in its UI, event log or an error: its settings and plans.
     settings = " ".join(f"{key}={value}" for key, value in spark.sparkContext.getConf().getAll())
     assert password not in settings
+
+
+def test_an_empty_database_gives_empty_reports(spark: Any, database_url: str, tmp_path: Path) -> None:
+    from fastpubsub.spark import report as job
+
+    since, until = helpers.parse_window("24h", None)
+    empty = job.run_report(spark, helpers.to_jdbc(database_url), tmp_path, since=since, until=until)
+    assert empty.rows == {"subscriptions": 0, "topics_hourly": 0, "latency_hourly": 0, "top_dead_letters": 0}
+    assert "No subscriptions." in empty.summary
+    assert "Published: 0 messages" in empty.summary
+    for name in FILES:
+        assert (tmp_path / name).is_file(), name
