@@ -1,5 +1,9 @@
-# fastpubsub server image: `docker run IMAGE` serves the API; any other CLI
-# command runs as `docker run IMAGE db-migrate`, `... cleanup-acked-messages`, etc.
+# fastpubsub images.
+#   docker build -t fastpubsub:0.1.0 .                        the server: `docker run IMAGE` serves
+#       the API; any other CLI command runs as `docker run IMAGE db-migrate`, `... cleanup-acked-messages`
+#   docker build --target spark -t fastpubsub-spark:0.1.0 .  the same CLI with Java 17, PySpark and the
+#       PostgreSQL JDBC driver, for `fastpubsub archive` and `fastpubsub report` (local[*] inside the
+#       container, or --master for a cluster)
 
 FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -10,19 +14,38 @@ COPY migrations ./migrations
 COPY spark ./spark
 RUN python -m venv /opt/fastpubsub && /opt/fastpubsub/bin/pip install .
 
-FROM python:3.11-slim
-# A fixed uid and gid (10001, outside any host's system range) that the
-# Kubernetes manifests name in runAsUser and runAsGroup.
+# Only built for --target spark.
+FROM build AS build-spark
+RUN /opt/fastpubsub/bin/pip install ".[spark]"
+
+# What every image runs on: a fixed uid and gid (10001, outside any host's
+# system range) that the Kubernetes manifests name in runAsUser and runAsGroup.
+FROM python:3.11-slim AS runtime-slim
 RUN groupadd --system --gid 10001 fastpubsub \
     && useradd --system --uid 10001 --gid 10001 --home-dir /app --shell /usr/sbin/nologin fastpubsub \
     && mkdir /app && chown fastpubsub:fastpubsub /app
-COPY --from=build /opt/fastpubsub /opt/fastpubsub
 ENV PATH=/opt/fastpubsub/bin:$PATH \
-    PYTHONUNBUFFERED=1 \
-    FASTPUBSUB_API_HOST=0.0.0.0 \
+    PYTHONUNBUFFERED=1
+WORKDIR /app
+
+FROM runtime-slim AS spark
+# Debian's Java 17 runtime and JDBC driver (/usr/share/java/postgresql.jar, which
+# fastpubsub finds by itself). Spark writes its scratch files under /tmp and
+# HOME: both are the writable /tmp volume in Kubernetes.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends openjdk-17-jre-headless libpostgresql-jdbc-java \
+    && rm -rf /var/lib/apt/lists/*
+COPY --from=build-spark /opt/fastpubsub /opt/fastpubsub
+ENV HOME=/tmp
+USER 10001:10001
+ENTRYPOINT ["fastpubsub"]
+CMD ["archive"]
+
+FROM runtime-slim
+COPY --from=build /opt/fastpubsub /opt/fastpubsub
+ENV FASTPUBSUB_API_HOST=0.0.0.0 \
     FASTPUBSUB_API_PORT=8000
 USER 10001:10001
-WORKDIR /app
 EXPOSE 8000
 # The check reads FASTPUBSUB_API_PORT at run time, so `-e FASTPUBSUB_API_PORT=9000`
 # moves the server and its health check together.

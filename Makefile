@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 EXTRAS ?= embedded,dev,spark
 
 .DEFAULT_GOAL := help
-.PHONY: help install run dev server test test-fast test-matrix lint format typecheck migrate bench report clean
+.PHONY: help install run dev server test test-fast test-matrix lint format typecheck migrate bench report archive clean
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -55,6 +55,9 @@ bench: $(STAMP) ## Run the benchmark suite (see benchmarks/README.md)
 
 report: $(STAMP) ## Spark report over the last 24 hours into reports/
 	$(BIN)/fastpubsub report --since 24h --out reports/
+
+archive: $(STAMP) ## Archive acked history to FASTPUBSUB_ARCHIVE_URI (Spark)
+	$(BIN)/fastpubsub archive
 
 clean: ## Remove the virtualenv, caches and the embedded database
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .fastpubsub reports

@@ -1,6 +1,11 @@
-"""Time the Spark report over 1,000,000 delivery rows with 1 and with 4 JDBC partitions.
+"""Time the Spark report and archive over 1,000,000 delivery rows with 1 and with 4 JDBC partitions.
 
-    python benchmarks/report_1m.py [--url URL] [--rows 1000000] [--master local[*]]
+    python benchmarks/report_1m.py [--url URL] [--rows 1000000] [--master local[*]] [--rounds 3]
+
+The report runs in rounds, 1 and 4 partitions side by side (the one that goes
+first alternating) after a whole warm-up run, and the medians are compared;
+then the archive exports everything once with each partition count (to two
+destinations). On a standalone cluster: --master spark://127.0.0.1:7077.
 
 Without --url (or FASTPUBSUB_DATABASE_URL) it starts a throwaway embedded
 PostgreSQL. Rows are generated server-side (INSERT ... SELECT generate_series):
@@ -13,6 +18,7 @@ The URL's database must be migrated and is filled with this data: use a scratch 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 import time
@@ -34,12 +40,13 @@ SEED_SQL = [
         f"SELECT fastpubsub.create_subscription('bench-report-{i}', 'bench-report', NULL, 5, 1, 60, 30)"
         for i in range(SUBSCRIPTIONS)
     ],
-    # Messages spread evenly over the last 23 hours, ids in the UUIDv7 layout.
+    # Messages spread evenly over the last `hours` hours (up to a minute ago), ids in the UUIDv7 layout.
     """INSERT INTO fastpubsub.messages (created_at, id, topic_key, fanout, payload)
        SELECT x.ts, fastpubsub._message_id(x.ts, g), t.key, %(subs)s, jsonb_build_object('n', g)
        FROM fastpubsub.topics AS t,
             generate_series(1, %(messages)s) AS g,
-            LATERAL (SELECT now() - interval '23 hours' + g * (interval '23 hours' / %(messages)s) AS ts) AS x
+            LATERAL (SELECT now() - interval '1 minute' - make_interval(secs => %(hours)s * 3600)
+                            + g * (make_interval(secs => %(hours)s * 3600) / %(messages)s) AS ts) AS x
        WHERE t.id = 'bench-report'""",
     # Acked: 7 in 10 (by message number); latency 0-20 s; every 10th on a 2nd attempt.
     """INSERT INTO fastpubsub.acked_deliveries (acked_at, message_id, subscription_key, attempts)
@@ -61,11 +68,12 @@ SEED_SQL = [
 ]
 
 
-def seed(url: str, rows: int) -> dict[str, int]:
+def seed(url: str, rows: int, hours: float = 23) -> dict[str, int]:
+    """`rows` delivery rows for messages published over the last `hours` hours."""
     messages = rows // SUBSCRIPTIONS
     with psycopg.connect(libpq_url(url), autocommit=True) as conn:
         for sql in SEED_SQL:
-            conn.execute(sql, {"subs": SUBSCRIPTIONS, "messages": messages})
+            conn.execute(sql, {"subs": SUBSCRIPTIONS, "messages": messages, "hours": hours})
         conn.execute("VACUUM ANALYZE fastpubsub.messages, fastpubsub.deliveries, fastpubsub.acked_deliveries")
         counts = {}
         for table in ("messages", "deliveries", "acked_deliveries"):
@@ -75,12 +83,17 @@ def seed(url: str, rows: int) -> dict[str, int]:
     return counts
 
 
+def median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default=os.environ.get("FASTPUBSUB_DATABASE_URL"))
     parser.add_argument("--rows", type=int, default=1_000_000, help="delivery rows to generate")
-    parser.add_argument("--master", default="local[*]")
-    parser.add_argument("--out", default=None, help="report directory [a temporary one]")
+    parser.add_argument("--master", default="local[*]", help="local[*] or a cluster: spark://HOST:PORT")
+    parser.add_argument("--rounds", type=int, default=3, help="report rounds per partition count")
+    parser.add_argument("--out", default=None, help="report and archive directory [a temporary one]")
     args = parser.parse_args()
 
     embedded = None
@@ -99,29 +112,66 @@ def main() -> None:
             f"({counts['acked_deliveries']:,} acked, {counts['deliveries']:,} pending) "
             f"and {counts['messages']:,} messages in {time.monotonic() - started:.1f}s"
         )
+        from fastpubsub.db.archive import ArchiveLedger
+        from fastpubsub.spark import archive as archive_job
+        from fastpubsub.spark import report as job
+
         driver = helpers.find_jdbc_driver(helpers.get_configured_jar())
-        spark = helpers.start_spark(args.master, driver, extra_conf={"spark.driver.memory": "2g"})
-        job = helpers.load_job()
+        out = Path(args.out or tempfile.mkdtemp(prefix="fastpubsub-report-"))
+        out.mkdir(parents=True, exist_ok=True)
+        spark = helpers.start_spark(
+            args.master,
+            driver,
+            extra_conf={"spark.driver.memory": "2g"},
+            jvm_log=out / "spark-jvm.log",
+        )
         target = helpers.to_jdbc(url)
         now = datetime.now(UTC)
         since, until = now - timedelta(hours=24), now
-        out = Path(args.out or tempfile.mkdtemp(prefix="fastpubsub-report-"))
-        # A small warm-up so that neither timed run pays for JVM class loading alone.
-        job.run_report(
-            spark, target, out / "warmup", since=now - timedelta(minutes=1), until=now, partitions=1
-        )
-        timings = {}
+
+        def report(partitions: int, name: str) -> float:
+            started = time.monotonic()
+            job.run_report(spark, target, out / name, since=since, until=until, partitions=partitions)
+            return time.monotonic() - started
+
+        # A whole run first, so that no timed run pays for class loading and JIT alone.
+        report(4, "warmup")
+        timings: dict[int, list[float]] = {1: [], 4: []}
+        for round_ in range(args.rounds):
+            # Side by side, the one that goes first alternating.
+            for partitions in (1, 4) if round_ % 2 == 0 else (4, 1):
+                timings[partitions].append(report(partitions, f"p{partitions}-{round_}"))
+                print(f"report, {partitions} partitions: {timings[partitions][-1]:.1f}s", flush=True)
+        archive_seconds = {}
         for partitions in (1, 4):
             started = time.monotonic()
-            result = job.run_report(
-                spark, target, out / f"p{partitions}", since=since, until=until, partitions=partitions
+            with ArchiveLedger(url) as ledger:
+                result = archive_job.run_archive(
+                    spark, target, ledger, str(out / f"archive-p{partitions}"), partitions=partitions
+                )
+            archive_seconds[partitions] = time.monotonic() - started
+            print(
+                f"archive, {partitions} partitions: {archive_seconds[partitions]:.1f}s "
+                f"({result.acked_deliveries:,} acked deliveries, {result.messages:,} messages)",
+                flush=True,
             )
-            timings[partitions] = time.monotonic() - started
-            print(f"partitions={partitions}: {timings[partitions]:.1f}s ({result.rows})")
         spark.stop()
+        one, four = median(timings[1]), median(timings[4])
         print(
-            f"report over {args.rows:,} delivery rows: "
-            f"1 partition {timings[1]:.1f}s, 4 partitions {timings[4]:.1f}s"
+            f"report over {args.rows:,} delivery rows on {args.master}, median of {args.rounds}: "
+            f"1 partition {one:.1f}s, 4 partitions {four:.1f}s ({four / one:.2f}x); "
+            f"archive 1 partition {archive_seconds[1]:.1f}s, 4 partitions {archive_seconds[4]:.1f}s"
+        )
+        print(
+            json.dumps(
+                {
+                    "rows": args.rows,
+                    "master": args.master,
+                    "report_seconds": timings,
+                    "report_ratio": round(four / one, 3),
+                    "archive_seconds": archive_seconds,
+                }
+            )
         )
         print(f"reports in {out}")
     finally:

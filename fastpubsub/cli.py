@@ -521,10 +521,18 @@ def cleanup_acked_messages(
     settings = _settings()
     seconds = settings.cleanup_acked_messages_older_than_seconds if older_than is None else older_than
     batch = batch_size or settings.cleanup_batch_size
-    result = run(lambda: _with_database(settings, lambda db: db.cleanup_acked(seconds, batch)))
+    archived_in = None
+    if settings.cleanup_acked_only_archived and settings.archive_uri:
+        from fastpubsub.spark.launch import archive_destination
+
+        archived_in = archive_destination(settings.archive_uri)
+    result = run(
+        lambda: _with_database(settings, lambda db: db.cleanup_acked(seconds, batch, archived_in=archived_in))
+    )
+    waited = f" (only what the archive {archived_in} holds)" if archived_in else ""
     typer.echo(
         f"deleted {result.acked_deleted} acked deliveries, {result.messages_deleted} messages "
-        f"and {result.idempotency_keys_deleted} idempotency keys"
+        f"and {result.idempotency_keys_deleted} idempotency keys{waited}"
     )
 
 
@@ -672,28 +680,43 @@ def rotate_client_secret(client_id: Annotated[str, typer.Argument(help="Client i
 # ---------------------------------------------------------------------------
 
 
-@app.command("report")
-def report(
-    since: Annotated[str, typer.Option(help="Window start: 30m, 24h, 7d or an ISO 8601 time")] = "24h",
-    until: Annotated[str | None, typer.Option(help="Window end: same forms [now]")] = None,
-    out: Annotated[Path, typer.Option(help="Directory for the reports")] = Path("reports"),
-    master: Annotated[str, typer.Option(help="Spark master")] = "local[*]",
-    partitions: Annotated[int, typer.Option(min=1, max=1024, help="JDBC partitions per large table")] = 4,
-    fetchsize: Annotated[int, typer.Option(min=1, help="JDBC fetch size (rows per round trip)")] = 10000,
-    database_url: Annotated[
-        str | None, typer.Option(help="PostgreSQL URL [FASTPUBSUB_DATABASE_URL]", show_default=False)
-    ] = None,
-    download_jdbc: Annotated[
-        bool, typer.Option(help="Let Spark download the JDBC driver when no jar is found locally")
-    ] = False,
+_DatabaseUrl = Annotated[
+    str | None, typer.Option(help="PostgreSQL URL [FASTPUBSUB_DATABASE_URL]", show_default=False)
+]
+_DownloadJdbc = Annotated[
+    bool, typer.Option(help="Let Spark download the JDBC driver when no jar is found locally")
+]
+_Master = Annotated[str, typer.Option(help="Spark master: local[*], spark://HOST:7077, k8s://...")]
+_Partitions = Annotated[int, typer.Option(min=1, max=1024, help="JDBC partitions per large table")]
+
+
+def _uri_option(help: str) -> Any:
+    """An optional directory or URI (no default to show)."""
+    return typer.Option(help=help, show_default=False)
+
+
+_Fetchsize = Annotated[int, typer.Option(min=1, help="JDBC fetch size (rows per round trip)")]
+
+
+def _spark_job(
+    name: str,
+    master: str,
+    database_url: str | None,
+    download_jdbc: bool,
+    prepare: Callable[[], T],
+    work: Callable[[Any, Any, str, T, Any], str],
 ) -> None:
-    """Spark report: delivery outcomes, ack latency, throughput per hour (Parquet, CSV, PNG, Markdown)."""
+    """Run a Spark job from the CLI: checks first (one line each), progress on stderr, output on stdout.
+
+    `prepare` checks the job's own options before Spark starts; `work(spark,
+    target, url, prepared, progress)` does the job and returns what to print.
+    """
     from fastpubsub.spark import launch
 
     settings = _settings()
     url = database_url or _database_url(settings)
     try:
-        start, end = launch.parse_window(since, until)
+        prepared = prepare()
         target = launch.to_jdbc(url)
         if launch.find_java() is None:
             raise ConfigurationError("no Java runtime found: install Java 17 or later, or set JAVA_HOME")
@@ -702,35 +725,101 @@ def report(
             import pyspark  # noqa: F401
         except ImportError:
             raise ConfigurationError("PySpark is not installed: install the 'spark' extra") from None
-        from fastpubsub.spark import report as job
-
         launch.check_database(url)
     except FastPubSubError as exc:
         raise fail(*describe_error(exc)) from None
-    typer.echo(
-        f"reading {target.masked_url} from {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC "
-        f"({partitions} partitions, driver {driver.describe()})",
-        err=True,
-    )
     from pyspark.sql import SparkSession
 
+    progress = launch.Progress()
+    log = launch.jvm_log_path(name)
+    progress("starting", f"Spark {master}, JDBC driver {driver.describe()} (Spark's own log: {log})")
     existing = SparkSession.getActiveSession()
     spark = None
     try:
-        spark = launch.start_spark(master, driver)
-        result = job.run_report(
-            spark, target, out, since=start, until=end, partitions=partitions, fetchsize=fetchsize
-        )
+        spark = launch.start_spark(master, driver, app_name=f"fastpubsub-{name}", jvm_log=log)
+        progress("started", f"Spark {spark.sparkContext.master}; database {target.masked_url}")
+        output = work(spark, target, url, prepared, progress)
+    except FastPubSubError as exc:
+        raise fail(*describe_error(exc)) from None
     except Exception as exc:
         if _state["verbose"]:
             traceback.print_exc()
         message, unreachable = launch.spark_error_message(exc)
-        raise fail(f"report failed: {message}", 5 if unreachable else 1) from None
+        raise fail(f"{name} failed: {message}", 5 if unreachable else 1) from None
     finally:
         if spark is not None and existing is None:
             spark.stop()
-    typer.echo(result.summary)
-    typer.echo(f"wrote {len(result.files)} files to {out} in {result.seconds['total']:.1f}s", err=True)
+    typer.echo(output)
+    progress("done", f"{name} finished")
+
+
+@app.command("report")
+def report(
+    since: Annotated[str, typer.Option(help="Window start: 30m, 24h, 7d or an ISO 8601 time")] = "24h",
+    until: Annotated[str | None, typer.Option(help="Window end: same forms [now]")] = None,
+    out: Annotated[Path, typer.Option(help="Directory for the reports")] = Path("reports"),
+    archive: Annotated[
+        str | None,
+        _uri_option("An archive (directory or URI): the part of the window it holds is read from it"),
+    ] = None,
+    master: _Master = "local[*]",
+    partitions: _Partitions = 4,
+    fetchsize: _Fetchsize = 10000,
+    database_url: _DatabaseUrl = None,
+    download_jdbc: _DownloadJdbc = False,
+) -> None:
+    """Spark report: delivery outcomes, ack latency, throughput per hour (Parquet, CSV, PNG, Markdown)."""
+    from fastpubsub.spark import launch
+
+    def prepare() -> tuple[Any, Any, str | None]:
+        start, end = launch.parse_window(since, until)
+        return start, end, launch.archive_destination(archive) if archive else None
+
+    def work(spark: Any, target: Any, url: str, prepared: tuple[Any, Any, str | None], progress: Any) -> str:
+        from fastpubsub.spark import report as job
+
+        start, end, destination = prepared
+        window = {"since": start, "until": end, "partitions": partitions, "fetchsize": fetchsize}
+        return job.report_from(spark, target, url, destination, out, progress=progress, **window)
+
+    _spark_job("report", master, database_url, download_jdbc, prepare, work)
+
+
+@app.command("archive")
+def archive(
+    out: Annotated[
+        str | None,
+        _uri_option("The archive: a directory or any URI Spark can write [FASTPUBSUB_ARCHIVE_URI]"),
+    ] = None,
+    settle_seconds: Annotated[
+        int, typer.Option(min=0, help="Archive nothing written less than this long ago")
+    ] = 10,
+    max_batches: Annotated[
+        int, typer.Option(min=1, help="Stop after this many batches (a UTC day at most each)")
+    ] = 1000,
+    master: _Master = "local[*]",
+    partitions: _Partitions = 4,
+    fetchsize: _Fetchsize = 10000,
+    database_url: _DatabaseUrl = None,
+    download_jdbc: _DownloadJdbc = False,
+) -> None:
+    """Export acked deliveries and their messages to Parquet by date and topic, each exactly once."""
+    from fastpubsub.spark import launch
+
+    def prepare() -> str:
+        where = out or _settings().archive_uri
+        if not where:
+            raise InvalidInputError("name the archive: --out DIR|URI or FASTPUBSUB_ARCHIVE_URI")
+        return launch.archive_destination(where)
+
+    def work(spark: Any, target: Any, url: str, destination: str, progress: Any) -> str:
+        from fastpubsub.spark import archive as job
+
+        batches = {"settle_seconds": settle_seconds, "max_batches": max_batches}
+        reads = {"partitions": partitions, "fetchsize": fetchsize}
+        return job.archive_to(spark, target, url, destination, progress=progress, **reads, **batches)
+
+    _spark_job("archive", master, database_url, download_jdbc, prepare, work)
 
 
 def _register_data_plane() -> None:

@@ -158,6 +158,16 @@ class Settings(BaseSettings):
     cleanup_batch_size: int = Field(
         default=5000, ge=1, le=1000000, description="Rows per cleanup transaction"
     )
+    cleanup_acked_only_archived: bool = Field(
+        default=False,
+        description="cleanup-acked-messages deletes only what the archive at FASTPUBSUB_ARCHIVE_URI holds",
+    )
+
+    # Archive (Spark)
+    archive_uri: str | None = Field(
+        default=None,
+        description="The archive: a directory or any URI Spark can write (archive --out, report --archive)",
+    )
 
     # Reporting (Spark)
     jdbc_jar: Path | None = Field(
@@ -174,6 +184,7 @@ class Settings(BaseSettings):
         "api_token",
         "api_client_id",
         "api_client_secret",
+        "archive_uri",
         mode="before",
     )
     @classmethod
@@ -184,6 +195,10 @@ class Settings(BaseSettings):
     def _check(self) -> Settings:
         if self.subscription_backoff_max_seconds < self.subscription_backoff_min_seconds:
             raise ValueError("FASTPUBSUB_SUBSCRIPTION_BACKOFF_MAX_SECONDS must be >= the minimum")
+        if self.cleanup_acked_only_archived and not self.archive_uri:
+            raise ValueError(
+                "FASTPUBSUB_CLEANUP_ACKED_ONLY_ARCHIVED is true but FASTPUBSUB_ARCHIVE_URI names no archive"
+            )
         return self
 
     def require_auth_secret(self) -> str:

@@ -358,12 +358,19 @@ class Database:
         older_than_seconds: int,
         batch_size: int = 5000,
         on_batch: Callable[[CleanupResult], None] | None = None,
+        archived_in: str | None = None,
     ) -> CleanupResult:
-        """Delete acked deliveries older than the cut-off, one short transaction per batch."""
+        """Delete acked deliveries older than the cut-off, one short transaction per batch.
+
+        With `archived_in` (an archive destination) only what that archive already holds.
+        """
         acked = messages = keys = 0
         while True:
             row = await self._one(
-                "cleanup_acked", older_than_seconds=older_than_seconds, batch_size=batch_size
+                "cleanup_acked",
+                older_than_seconds=older_than_seconds,
+                batch_size=batch_size,
+                archived_in=archived_in,
             )
             keys_row = await self._one(
                 "cleanup_idempotency_keys", older_than_seconds=older_than_seconds, batch_size=batch_size

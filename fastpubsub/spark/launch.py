@@ -7,12 +7,15 @@ fastpubsub/spark/report.py (see docs/reporting.md).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import re
 import shutil
 import sys
 import tempfile
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -212,6 +215,29 @@ def to_jdbc(url: str) -> JdbcTarget:
 
 
 # ---------------------------------------------------------------------------
+# Archive destinations
+# ---------------------------------------------------------------------------
+
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def archive_destination(value: str) -> str:
+    """The archive's name in the database: a local path as a file:// URI, any other URI as given.
+
+    `archive`, `report --archive` and `cleanup-acked-messages` name the same
+    archive with the same string, so that each finds its batches.
+    """
+    value = value.strip()
+    if not value:
+        raise InvalidInputError("an archive needs a directory or a URI")
+    if value.startswith("file:"):
+        value = re.sub(r"^file:(//)?", "", value)
+    elif _SCHEME.match(value):
+        return value.rstrip("/")
+    return Path(value).expanduser().resolve().as_uri()
+
+
+# ---------------------------------------------------------------------------
 # Time windows
 # ---------------------------------------------------------------------------
 
@@ -280,6 +306,14 @@ def is_local(master: str) -> bool:
     return master == "local" or master.startswith("local[")
 
 
+def is_loopback(master: str) -> bool:
+    """local[*], or a cluster master on this machine's loopback address (spark://127.0.0.1:7077)."""
+    if is_local(master):
+        return True
+    host = re.sub(r"^\w+://", "", master).split(",")[0].rsplit(":", 1)[0].strip("[]")
+    return host in ("127.0.0.1", "localhost", "::1")
+
+
 def spark_conf(master: str, driver: JdbcDriver | None, *, shuffle_partitions: int = 8) -> dict[str, str]:
     """Spark settings for a report session (without the master)."""
     java_options = f"-Duser.timezone=UTC -Dlog4j2.configurationFile=file:{_quiet_log4j2()}"
@@ -289,8 +323,13 @@ def spark_conf(master: str, driver: JdbcDriver | None, *, shuffle_partitions: in
         "spark.sql.shuffle.partitions": str(shuffle_partitions),
         "spark.driver.extraJavaOptions": java_options,
         "spark.executor.extraJavaOptions": java_options,
+        # Archive files: plain 64-bit microsecond timestamps, which every Parquet reader knows.
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+        # Archive partitions are named date=YYYY-MM-DD/topic=ID: a topic named 2024 stays text.
+        "spark.sql.sources.partitionColumnTypeInference.enabled": "false",
     }
-    if is_local(master):
+    if is_loopback(master):
+        # Everything on this machine: nothing listens beyond the loopback address.
         conf["spark.ui.enabled"] = "false"
         conf["spark.driver.host"] = "127.0.0.1"
         conf["spark.driver.bindAddress"] = "127.0.0.1"
@@ -306,9 +345,15 @@ def start_spark(
     app_name: str = "fastpubsub-report",
     shuffle_partitions: int = 8,
     extra_conf: dict[str, str] | None = None,
+    jvm_log: Path | None = None,
 ) -> SparkSession:
-    """Start (or reuse) a quiet SparkSession with UTC timestamps and the JDBC driver on the classpath."""
-    if is_local(master):
+    """Start (or reuse) a quiet SparkSession with UTC timestamps and the JDBC driver on the classpath.
+
+    With `jvm_log`, what the new JVM prints itself (its start-up notices, Spark's
+    log lines) goes to that file instead of the terminal, which keeps for the
+    user the job's own progress lines and its one-line errors.
+    """
+    if is_loopback(master):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -320,10 +365,52 @@ def start_spark(
         **(extra_conf or {}),
     }.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    with _console_to(jvm_log):
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     return spark  # type: ignore[no-any-return]
+
+
+@contextlib.contextmanager
+def _console_to(path: Path | None) -> Iterator[None]:
+    """Point file descriptors 1 and 2 at `path` meanwhile: a JVM started now inherits them."""
+    if path is None:
+        yield
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        with path.open("ab") as log:
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+            yield
+    finally:
+        for fd, copy in zip((1, 2), saved, strict=True):
+            os.dup2(copy, fd)
+            os.close(copy)
+
+
+def jvm_log_path(job: str) -> Path:
+    """Where a CLI run's JVM writes its own output (one file per job and user, overwritten)."""
+    return Path(tempfile.gettempdir()) / f"fastpubsub-{job}-spark-{os.getuid()}.log"
+
+
+class Progress:
+    """One line on stderr per stage of a job, with the time since the job started."""
+
+    def __init__(self, enabled: bool = True, stream: Any = None) -> None:
+        self.started = time.monotonic()
+        self.enabled = enabled
+        self.stream = stream
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def __call__(self, stage: str, detail: str) -> None:
+        if self.enabled:
+            print(f"[{self.elapsed():6.1f}s] {stage:<9} {detail}", file=self.stream or sys.stderr, flush=True)
 
 
 def spark_error_message(exc: BaseException) -> tuple[str, bool]:
@@ -377,3 +464,103 @@ def check_database(url: str, timeout: int = 5) -> None:
             conn.execute("SELECT 1 FROM fastpubsub.deliveries LIMIT 0")
     except psycopg.Error as exc:
         raise_translated(exc)
+
+
+# ---------------------------------------------------------------------------
+# The jobs' own command lines (spark-submit spark/report.py, spark/archive.py)
+# ---------------------------------------------------------------------------
+
+
+def submit_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The options both jobs take: where the database is and how to read it."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument(
+        "--url", required=True, help="postgresql://user@host:port/db or jdbc:postgresql://..."
+    )
+    parser.add_argument("--user", help="database user (overrides the URL's)")
+    parser.add_argument(
+        "--password-env", default="PGPASSWORD", help="environment variable holding the password [PGPASSWORD]"
+    )
+    parser.add_argument("--partitions", type=int, default=4, help="JDBC partitions per large table [4]")
+    parser.add_argument("--fetchsize", type=int, default=10000, help="JDBC fetch size")
+    parser.add_argument("--master", default="local[*]", help="Spark master when not under spark-submit")
+    parser.add_argument("--download-jdbc", action="store_true", help="allow spark.jars.packages")
+    return parser
+
+
+def libpq_target_url(url: str, target: JdbcTarget) -> str:
+    """A libpq URL for the Python side of a job (the archive's ledger), with the job's credentials."""
+    from sqlalchemy.engine import make_url
+
+    if url.strip().startswith("jdbc:"):
+        url = url.strip()[len("jdbc:") :]
+    return str(
+        make_url(url)
+        .set(drivername="postgresql", username=target.user, password=target.password)
+        .render_as_string(hide_password=False)
+    )
+
+
+def submit_main(
+    args: argparse.Namespace,
+    app_name: str,
+    prepare: Callable[[], Any],
+    job: Callable[[SparkSession, JdbcTarget, Any, Progress], str],
+) -> int:
+    """Run a job from its own command line: one-line errors and exit codes as the CLI's.
+
+    `prepare` checks the job's own arguments (InvalidInputError: exit 2); `job`
+    runs in a Spark session and returns what to print on stdout. Under
+    spark-submit the session is spark-submit's; otherwise one is started on
+    --master (and a session that was running before is left running).
+    """
+    from fastpubsub.exceptions import FastPubSubError
+
+    under_submit = bool(os.environ.get("PYSPARK_GATEWAY_PORT"))
+    try:
+        prepared = prepare()
+        target = to_jdbc(args.url)
+        password = os.environ.get(args.password_env) if target.password is None else target.password
+        target = JdbcTarget(target.url, args.user or target.user, password)
+        if args.partitions < 1 or args.fetchsize < 1:
+            raise InvalidInputError("--partitions and --fetchsize must be at least 1")
+        # Under spark-submit the JVM already runs with its --jars/--packages.
+        driver = None
+        if not under_submit:
+            driver = find_jdbc_driver(get_configured_jar(), allow_download=args.download_jdbc)
+    except FastPubSubError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2 if isinstance(exc, InvalidInputError) else 6
+    progress = Progress()
+    try:
+        from pyspark.sql import SparkSession
+
+        existing = SparkSession.getActiveSession()
+        if under_submit:
+            spark = SparkSession.builder.appName(app_name).getOrCreate()
+            spark.sparkContext.setLogLevel("ERROR")
+            spark.conf.set("spark.sql.session.timeZone", "UTC")
+        else:
+            spark = start_spark(args.master, driver, app_name=app_name)
+    except Exception as exc:
+        message, _ = spark_error_message(exc)
+        print(f"error: could not start Spark: {message}", file=sys.stderr)
+        return 1
+    progress("started", f"Spark {spark.sparkContext.master}; reading {target.masked_url}")
+    try:
+        output = job(spark, target, prepared, progress)
+    except FastPubSubError as exc:
+        from fastpubsub.exceptions import DatabaseUnavailableError
+
+        print(f"error: {exc.message}", file=sys.stderr)
+        kinds = ((InvalidInputError, 2), (DatabaseUnavailableError, 5), (ConfigurationError, 6))
+        return next((code for kind, code in kinds if isinstance(exc, kind)), 1)
+    except Exception as exc:
+        message, unreachable = spark_error_message(exc)
+        print(f"error: {message}", file=sys.stderr)
+        return 5 if unreachable else 1
+    finally:
+        if existing is None:
+            spark.stop()
+    print(output)
+    return 0

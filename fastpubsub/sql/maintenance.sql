@@ -45,8 +45,12 @@ $$;
 -- Delete up to p_batch_size acked deliveries older than p_older_than_seconds,
 -- then the messages nothing references any more (and unrouted messages past the
 -- same age). Call it until it returns fewer rows than the batch: each call is a
--- short transaction, and concurrent callers skip each other's rows.
-CREATE OR REPLACE FUNCTION fastpubsub.cleanup_acked(p_older_than_seconds integer, p_batch_size integer, OUT acked_deleted integer, OUT messages_deleted integer)
+-- short transaction, and concurrent callers skip each other's rows. With
+-- p_archived_in (an archive destination), only what that archive holds goes:
+-- nothing created or acked after its watermark (archive.sql).
+CREATE OR REPLACE FUNCTION fastpubsub.cleanup_acked(
+    p_older_than_seconds integer, p_batch_size integer, p_archived_in text,
+    OUT acked_deleted integer, OUT messages_deleted integer)
 RETURNS record
 LANGUAGE plpgsql
 AS $$
@@ -63,6 +67,9 @@ BEGIN
         RAISE EXCEPTION 'batch size must be between 1 and 1000000' USING ERRCODE = 'FP422';
     END IF;
     v_cutoff := now() - make_interval(secs => p_older_than_seconds);
+    IF p_archived_in IS NOT NULL THEN
+        v_cutoff := least(v_cutoff, fastpubsub.archive_watermark(p_archived_in));
+    END IF;
 
     WITH gone AS (
         DELETE FROM fastpubsub.acked_deliveries AS a
@@ -88,6 +95,15 @@ BEGIN
     GET DIAGNOSTICS n = ROW_COUNT;
     messages_deleted := messages_deleted + n;
 END
+$$;
+
+-- The same without an archive to wait for.
+CREATE OR REPLACE FUNCTION fastpubsub.cleanup_acked(
+    p_older_than_seconds integer, p_batch_size integer, OUT acked_deleted integer, OUT messages_deleted integer)
+RETURNS record
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT * FROM fastpubsub.cleanup_acked(p_older_than_seconds, p_batch_size, NULL)
 $$;
 
 -- An idempotency key stands for its message while the message is retained:

@@ -151,7 +151,9 @@ FROM fastpubsub.list_dlq(:subscription_id, :offset, :limit) WITH ORDINALITY
 SELECT fastpubsub.reprocess_dlq(:subscription_id, CAST(:ids AS uuid[])) AS reprocessed
 
 -- cleanup_acked --
-SELECT acked_deleted, messages_deleted FROM fastpubsub.cleanup_acked(:older_than_seconds, :batch_size)
+-- archived_in NULL: whatever the archive holds; otherwise only what that archive holds.
+SELECT acked_deleted, messages_deleted
+FROM fastpubsub.cleanup_acked(:older_than_seconds, :batch_size, CAST(:archived_in AS text))
 
 -- cleanup_idempotency_keys --
 SELECT fastpubsub.cleanup_idempotency_keys(:older_than_seconds, :batch_size) AS deleted
@@ -210,3 +212,25 @@ SELECT is_active, token_version FROM fastpubsub.clients WHERE id = :id
 
 -- next_due --
 SELECT fastpubsub.next_due(:subscription_id) AS seconds
+
+-- archive_claim --
+-- (Python has no -infinity: NULL stands for it.)
+SELECT id, nullif(starts_at, '-infinity') AS starts_at, ends_at, claims
+FROM fastpubsub.archive_claim(:destination, :settle_seconds)
+
+-- archive_commit --
+SELECT fastpubsub.archive_commit(:batch_id, CAST(:files AS text[]), :messages, :acked_deliveries) AS committed
+
+-- archive_release --
+SELECT fastpubsub.archive_release(:batch_id) AS released
+
+-- archive_watermark --
+SELECT nullif(fastpubsub.archive_watermark(:destination), '-infinity') AS watermark
+
+-- archive_committed --
+-- The committed batches below the watermark that end after :since, oldest first.
+SELECT id, nullif(starts_at, '-infinity') AS starts_at, ends_at, files, messages, acked_deliveries
+FROM fastpubsub.archive_batches
+WHERE destination = :destination AND committed_at IS NOT NULL AND ends_at > :since
+  AND ends_at <= fastpubsub.archive_watermark(:destination)
+ORDER BY ends_at

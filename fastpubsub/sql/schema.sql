@@ -159,3 +159,26 @@ CREATE TABLE fastpubsub.idempotency_keys (
     PRIMARY KEY (topic_key, key)
 );
 CREATE INDEX idempotency_keys_created_at_brin ON fastpubsub.idempotency_keys USING brin (created_at);
+
+-- One row per batch `fastpubsub archive` exports to a destination (a directory
+-- or URI): the messages created and the acked deliveries acked in
+-- [starts_at, ends_at). A destination's batches follow each other without gap
+-- or overlap (archive_claim draws the next one under a lock); a batch's rows
+-- are in the archive once committed_at is set, and `files` lists its files
+-- there. The end of the committed prefix is the destination's watermark
+-- (archive_watermark), which cleanup_acked can be told to respect.
+CREATE TABLE fastpubsub.archive_batches (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    destination text NOT NULL,
+    starts_at timestamptz NOT NULL,
+    ends_at timestamptz NOT NULL,
+    claimed_at timestamptz NOT NULL,
+    -- how many runs have claimed the batch (more than 1: a run stopped and another took it over)
+    claims integer NOT NULL DEFAULT 1,
+    committed_at timestamptz,
+    files text[],
+    messages bigint,
+    acked_deliveries bigint,
+    CONSTRAINT archive_batches_range CHECK (starts_at < ends_at),
+    CONSTRAINT archive_batches_destination_starts_at UNIQUE (destination, starts_at)
+);

@@ -22,6 +22,7 @@ FUNCTION_FILES = (
     "consume.sql",
     "settle.sql",
     "dlq.sql",
+    "archive.sql",
     "maintenance.sql",
     "metrics.sql",
     "compat.sql",

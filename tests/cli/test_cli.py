@@ -174,6 +174,39 @@ def test_cleanups_report_what_they_touched(invoke: Invoke, database_url: str) ->
     )
 
 
+def test_cleanup_told_of_an_archive_waits_for_it(invoke: Invoke, database_url: str, tmp_path: Path) -> None:
+    from fastpubsub.db.archive import ArchiveLedger
+    from fastpubsub.spark.launch import archive_destination
+
+    with psycopg.connect(libpq_url(database_url), autocommit=True) as conn:
+        conn.execute("SELECT fastpubsub.create_topic('t')")
+        conn.execute("SELECT fastpubsub.create_subscription('s', 't', NULL, 5, 1, 10, 30)")
+        conn.execute("""SELECT fastpubsub.publish('t', '[{"n": 1}, {"n": 2}]')""")
+        ids = [row[0] for row in conn.execute("SELECT id FROM fastpubsub.consume('s', 'w', 2)")]
+        conn.execute("SELECT fastpubsub.ack('s', %s::uuid[])", (ids,))
+        conn.execute("UPDATE fastpubsub.acked_deliveries SET acked_at = now() - interval '2 hours'")
+        conn.execute("UPDATE fastpubsub.messages SET created_at = now() - interval '2 hours'")
+    paired = {"archive_uri": str(tmp_path / "archive"), "cleanup_acked_only_archived": "true"}
+    waiting = invoke("cleanup-acked-messages", **paired)
+    assert waiting.exit_code == 0, waiting.output
+    where = archive_destination(str(tmp_path / "archive"))
+    assert waiting.output == (
+        "deleted 0 acked deliveries, 0 messages and 0 idempotency keys "
+        f"(only what the archive {where} holds)\n"
+    )
+    with ArchiveLedger(database_url) as ledger:  # as `fastpubsub archive` would, without the files
+        batch = ledger.claim(where, 5)
+        assert batch is not None
+        assert ledger.commit(batch, [], 2, 2)
+    assert invoke("cleanup-acked-messages", **paired).output.startswith(
+        "deleted 2 acked deliveries, 2 messages"
+    )
+    # Told to wait for an archive without naming one: a configuration error, before anything is deleted.
+    unnamed = invoke("cleanup-acked-messages", cleanup_acked_only_archived="true", archive_uri="")
+    assert unnamed.exit_code == 6
+    assert "FASTPUBSUB_ARCHIVE_URI" in unnamed.stderr
+
+
 def test_cleanup_stuck_says_what_it_did(invoke: Invoke, database_url: str) -> None:
     with psycopg.connect(libpq_url(database_url), autocommit=True) as conn:
         conn.execute("SELECT fastpubsub.create_topic('t')")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,21 +26,9 @@ def spark(spark_jvm_log: Path) -> Iterator[Any]:
     if NO_JAVA:
         pytest.skip("no Java runtime (java on PATH or JAVA_HOME)")
     driver = helpers.find_jdbc_driver(helpers.get_configured_jar())
-    # The JVM inherits stdout and stderr when it starts: point them at the log
-    # file for that moment, so that tests can read what Spark logged.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
-    with spark_jvm_log.open("ab") as log:
-        try:
-            os.dup2(log.fileno(), 1)
-            os.dup2(log.fileno(), 2)
-            # Two cores are plenty for the test data and keep the machine usable.
-            session = helpers.start_spark("local[2]", driver)
-        finally:
-            for fd, copy in zip((1, 2), saved, strict=True):
-                os.dup2(copy, fd)
-                os.close(copy)
+    # Two cores are plenty for the test data and keep the machine usable; what
+    # the JVM prints goes to the log file, so that tests can read what Spark logged.
+    session = helpers.start_spark("local[2]", driver, jvm_log=spark_jvm_log)
     yield session
     session.stop()
 

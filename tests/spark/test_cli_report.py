@@ -135,3 +135,19 @@ def test_real_run(invoke: Any, spark: Any, module_database: str, tmp_path: Path)
     assert (out / "summary.md").read_text().strip() == result.stdout.strip()
     assert (out / "subscriptions.parquet").is_file()
     assert "postgresql" in result.stderr  # the masked URL
+
+
+def test_archive_needs_a_destination_and_refuses_bad_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FASTPUBSUB_DATABASE_URL", "postgresql://u:TopSecret99@127.0.0.1:1/db")
+    get_settings.cache_clear()
+    try:
+        runner = CliRunner()
+        result = runner.invoke(app, ["archive"])
+        assert result.exit_code == 2
+        assert "name the archive: --out DIR|URI or FASTPUBSUB_ARCHIVE_URI" in one_line_error(result)
+        result = runner.invoke(app, ["archive", "--out", "x", "--settle-seconds", "-1"])
+        assert result.exit_code == 2
+        assert "--settle-seconds" in one_line_error(result)
+        assert "TopSecret99" not in result.output + result.stderr
+    finally:
+        get_settings.cache_clear()

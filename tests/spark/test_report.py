@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
+import re
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -162,7 +163,7 @@ def test_the_report_agrees_with_subscription_metrics(result: Any, module_databas
 def test_topics_hourly(result: Any, seeded: Seeded) -> None:
     rows = {(row["topic"], row["hour"]): row for row in parquet_rows(result, "topics_hourly")}
     now_hour = seeded.now.replace(minute=0, second=0, microsecond=0)
-    assert {key: (row["published"], row["acked"]) for key, row in rows.items()} == {
+    assert {key: (row["messages_published"], row["deliveries_acked"]) for key, row in rows.items()} == {
         ("orders", seeded.orders_hour): (10, 15),
         ("billing", seeded.billing_hour): (6, 2),
         # the old message (outside the window) was acked by both orders subscriptions now
@@ -177,7 +178,7 @@ def test_latency_hourly(result: Any, seeded: Seeded) -> None:
     rows = {row["hour"]: row for row in parquet_rows(result, "latency_hourly")}
     assert set(rows) == {seeded.orders_hour, seeded.billing_hour}
     orders = LATENCIES["orders-email"] + LATENCIES["orders-audit"]
-    assert rows[seeded.orders_hour]["acked"] == len(orders)
+    assert rows[seeded.orders_hour]["deliveries_acked"] == len(orders)
     assert rows[seeded.orders_hour]["ack_latency_p50_s"] == pytest.approx(exact_percentile(orders, 0.5))
     assert rows[seeded.orders_hour]["ack_latency_p99_s"] == pytest.approx(max(orders))
     assert rows[seeded.billing_hour]["ack_latency_p99_s"] == pytest.approx(2.5)
@@ -243,7 +244,7 @@ def _frame(result: Any, name: str) -> Any:
 
 def test_window_excludes_older_messages(result: Any) -> None:
     # 1 message published 3 days ago is outside; its acks count in their own hour only.
-    assert sum(row["published"] for row in parquet_rows(result, "topics_hourly")) == 16
+    assert sum(row["messages_published"] for row in parquet_rows(result, "topics_hourly")) == 16
     assert result.since < result.until
     assert result.until - result.since == timedelta(hours=24)
     assert result.as_of.tzinfo == UTC
@@ -321,7 +322,7 @@ def test_the_bounds_query_reads_through_indexes(result: Any, module_database: st
     from fastpubsub.spark import report as job
 
     window = f"created_at >= {job._ts(result.since)} AND created_at < {job._ts(result.until)}"
-    statement = job.PLAN_SQL.format(window=window, since=job._ts(result.since))
+    statement = job.PLAN_SQL.format(live_window=window, live_from=job._ts(result.since))
     plan = explain(module_database, job.JdbcReader.INDEXED_SESSION_INIT, statement)
     assert "Seq Scan" not in plan, plan
     assert "messages_created_at_brin" in plan
@@ -408,7 +409,11 @@ def test_main_runs_the_report_and_leaves_the_session_running(main_run: Any, spar
     assert code == 0, stderr
     assert stdout.startswith("# fastpubsub delivery report")
     assert (out / "summary.md").read_text().strip() == stdout.strip()
-    assert stderr.startswith("reading jdbc:postgresql://127.0.0.1:")
+    # Progress: one line per stage, with the time since the start and row counts.
+    stages = re.findall(r"^\[ *\d+\.\ds\] (\w+) ", stderr, re.M)
+    assert stages == ["started", "reading", "computed", "wrote"], stderr
+    assert "16 messages, 19 acked deliveries" in stderr
+    assert "reading jdbc:postgresql://127.0.0.1:" in stderr
     assert spark.range(3).count() == 3  # main() did not stop a session it did not start
 
 
@@ -442,3 +447,15 @@ def test_the_password_never_appears(
     # What Spark would put in its UI, event log or an error: its settings and plans.
     settings = " ".join(f"{key}={value}" for key, value in spark.sparkContext.getConf().getAll())
     assert password not in settings
+
+
+def test_an_empty_database_gives_empty_reports(spark: Any, database_url: str, tmp_path: Path) -> None:
+    from fastpubsub.spark import report as job
+
+    since, until = helpers.parse_window("24h", None)
+    empty = job.run_report(spark, helpers.to_jdbc(database_url), tmp_path, since=since, until=until)
+    assert empty.rows == {"subscriptions": 0, "topics_hourly": 0, "latency_hourly": 0, "top_dead_letters": 0}
+    assert "No subscriptions." in empty.summary
+    assert "Published: 0 messages" in empty.summary
+    for name in FILES:
+        assert (tmp_path / name).is_file(), name

@@ -123,7 +123,7 @@ def test_kubernetes_containers_run_real_commands_and_probe_real_endpoints() -> N
     (job,) = kinds["Job"]
     assert containers(job)[0]["args"] == ["db-migrate"]
     cron = {containers(c)[0]["args"][0]: c["spec"] for c in kinds["CronJob"]}
-    assert set(cron) == {"cleanup-acked-messages", "cleanup-stuck-messages"}
+    assert set(cron) == {"cleanup-acked-messages", "cleanup-stuck-messages", "archive"}
     for spec in cron.values():
         assert len(spec["schedule"].split()) == 5
         assert spec["concurrencyPolicy"] == "Forbid"
@@ -137,16 +137,20 @@ def project_version() -> str:
 
 def test_kubernetes_uses_the_local_image_without_pulling_it() -> None:
     image = f"fastpubsub:{project_version()}"
+    # The archive runs Spark: the image's `spark` target (Java, PySpark, the JDBC driver).
+    spark_image = f"fastpubsub-spark:{project_version()}"
     for path in MANIFESTS:
         for document in yaml.safe_load_all(path.read_text()):
             for container in containers(document):
                 # A versioned tag, never :latest, so every pod of a release runs the same build.
-                assert container["image"] == image, (path.name, container["name"])
+                expected = spark_image if container["args"][0] == "archive" else image
+                assert container["image"] == expected, (path.name, container["name"])
                 # The local build is not on any registry: never make the kubelet pull it.
                 assert container["imagePullPolicy"] == "IfNotPresent", (path.name, container["name"])
     kustomization = (ROOT / "deploy/kubernetes/kustomization.yaml").read_text()
     assert "docker push" in kustomization
     assert f"docker build -t {image} ." in kustomization
+    assert f"docker build --target spark -t {spark_image} ." in kustomization
     readme = (ROOT / "README.md").read_text()
     assert f"docker build -t {image} ." in readme
     assert "fastpubsub:latest" not in readme + kustomization
@@ -161,7 +165,7 @@ RESTRICTED_VOLUMES = {
 def test_every_workload_meets_the_restricted_pod_security_standard() -> None:
     """The fields of the "restricted" profile, plus a read-only root and resource limits."""
     kinds = sorted(doc["kind"] for doc in workloads())
-    assert kinds == ["CronJob", "CronJob", "Deployment", "Job"]
+    assert kinds == ["CronJob", "CronJob", "CronJob", "Deployment", "Job"]
     for document in workloads():
         name = document["metadata"]["name"]
         spec = pod_spec(document)
@@ -220,7 +224,7 @@ def test_jobs_clean_up_after_themselves_and_cannot_hang() -> None:
     (job,) = [doc for doc in documents if doc["kind"] == "Job"]
     assert job["spec"]["ttlSecondsAfterFinished"] > 0
     assert job["spec"]["activeDeadlineSeconds"] > 0
-    intervals = {"0 * * * *": 3600, "*/5 * * * *": 300}
+    intervals = {"0 * * * *": 3600, "30 * * * *": 3600, "*/5 * * * *": 300}
     for cron in (doc for doc in documents if doc["kind"] == "CronJob"):
         spec = cron["spec"]
         assert spec["successfulJobsHistoryLimit"] >= 1
@@ -425,7 +429,11 @@ def test_dockerfile_is_multi_stage_non_root_and_checks_liveness() -> None:
     instructions = dockerfile_instructions()
     stages = [arg for op, arg in instructions if op == "FROM"]
     assert len(stages) >= 2
-    assert all("slim" in stage for stage in stages)
+    # Every stage starts from a slim image, or from a stage before it that did.
+    named: set[str] = set()
+    for stage in stages:
+        assert "slim" in stage or stage.split()[0] in named, stage
+        named.add(stage.split()[-1])
     users = [arg for op, arg in instructions if op == "USER"]
     assert users
     assert users[-1] not in ("root", "0")
@@ -522,3 +530,29 @@ def test_readme_names_every_api_route() -> None:
         if not re.search(re.escape(re.sub(r"\{\w+\}", "{id}", route)) + r"(?![\w/{-])", readme)
     ]
     assert missing == []
+
+
+def test_the_archive_and_the_cleanup_are_paired_and_the_spark_image_has_what_spark_needs() -> None:
+    documents = applied_documents()
+    (config,) = [doc for doc in documents if doc["kind"] == "ConfigMap"]
+    assert config["data"]["FASTPUBSUB_CLEANUP_ACKED_ONLY_ARCHIVED"] == "true"
+    where = config["data"]["FASTPUBSUB_ARCHIVE_URI"]
+    Settings(_env_file=None, archive_uri=where, cleanup_acked_only_archived=True)  # a valid pair
+    (archive,) = [doc for doc in workloads() if containers(doc)[0]["args"][0] == "archive"]
+    (container,) = containers(archive)
+    volumes = {volume["name"]: volume for volume in pod_spec(archive)["volumes"]}
+    (mount,) = [mount for mount in container["volumeMounts"] if mount["mountPath"] == where]
+    claim = volumes[mount["name"]]["persistentVolumeClaim"]["claimName"]
+    assert claim in {doc["metadata"]["name"] for doc in documents if doc["kind"] == "PersistentVolumeClaim"}
+    # Spark's scratch space and HOME are the writable /tmp volume (the root is read-only).
+    assert {"name": "HOME", "value": "/tmp"} in container["env"]
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    spark_stage = dockerfile[dockerfile.index(" AS spark") : dockerfile.index("\nFROM runtime-slim\n")]
+    assert "openjdk-17-jre-headless" in spark_stage
+    # Debian's driver lands where fastpubsub looks first after FASTPUBSUB_JDBC_JAR.
+    from fastpubsub.spark.launch import SYSTEM_JDBC_JAR
+
+    assert "libpostgresql-jdbc-java" in spark_stage
+    assert str(SYSTEM_JDBC_JAR) == "/usr/share/java/postgresql.jar"
+    assert 'pip install ".[spark]"' in dockerfile
+    assert "USER 10001:10001" in spark_stage
