@@ -90,8 +90,8 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
         finally:
             RUNNING_HUBS.discard(hub)
             await hub.stop()
-            await delivery.publishes.drain()
-            await delivery.settlements.drain()
+            for group in (delivery.publishes, delivery.consumes, delivery.settlements):
+                await group.drain()
             if owns_database:
                 await db.close()
 

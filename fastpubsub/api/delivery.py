@@ -3,8 +3,8 @@
 The routes (api/routers) and the fast path (api/fastpath.py) both call one
 `Delivery` per application, so each behaviour lives here once:
 
-* publishes and settlements (ack, nack, lease extension) go through group
-  commit (api/batching.py): concurrent requests share a transaction;
+* publishes, consumes and settlements (ack, nack, lease extension) go through
+  group commit (api/batching.py): concurrent requests share a transaction;
 * after the commit, the wake-up hub (api/wakeups.py) wakes this process's
   waiting consumers and tells the other processes, outside the transaction;
 * messages reach consumers as PostgreSQL renders them
@@ -92,6 +92,9 @@ class Delivery:
         self.settlements: GroupCommit[dict[str, Any], dict[str, Any]] = GroupCommit(
             database.settle_batch, max_in_flight=batches_in_flight, max_batch=max_batch, name="settle"
         )
+        self.consumes: GroupCommit[tuple[str, str, int], tuple[int, str, float | None]] = GroupCommit(
+            database.consume_batch, max_in_flight=batches_in_flight, max_batch=max_batch, name="consume"
+        )
 
     # -- publish ----------------------------------------------------------------------------
 
@@ -137,7 +140,7 @@ class Delivery:
                 subscription_id, consumer_id, batch_size, wait_seconds, receive
             )
         else:
-            leased, data, _ = await self.database.consume_json(subscription_id, consumer_id, batch_size)
+            leased, data, _ = await self.consumes.submit((subscription_id, consumer_id, batch_size))
         if leased:
             CONSUMED.labels(subscription_id).inc(leased)
         return b'{"data":' + data.encode() + b"}"
@@ -168,7 +171,7 @@ class Delivery:
                 waiter.event.clear()
                 if gone.is_set() or hub.stopping.is_set():
                     return 0, "[]"
-                leased, data, due = await self.database.consume_json(subscription_id, consumer_id, batch_size)
+                leased, data, due = await self.consumes.submit((subscription_id, consumer_id, batch_size))
                 if leased:
                     hub.note_leased(subscription_id)
                     if leased >= batch_size:

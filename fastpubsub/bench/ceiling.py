@@ -4,7 +4,7 @@ A ceiling request does what the server does for the matching HTTP request, and
 nothing else: publish sends the body as one JSON text to the server's
 `publish_batch` query (as a batch of one request: group commit only joins
 concurrent requests, which the ceiling clients, one statement at a time each,
-never are) and reads back the ids; consume runs `consume_json` (PostgreSQL
+never are) and reads back the ids; consume runs `consume_batch` (one request; PostgreSQL
 renders the page, the client reads the ids out of it as an HTTP client does)
 and ack sends the ids back through the server's `settle_batch`. The query
 text comes from fastpubsub.sql.source.driver_queries(), every statement goes
@@ -87,8 +87,8 @@ def _publish(job: Job, conn: psycopg.Connection[Any], counter: Any, slot: int) -
 
 def _consume(job: Job, conn: psycopg.Connection[Any], counter: Any, slot: int) -> tuple[int, list[str]]:
     queries = driver_queries()
-    consume, settle = queries["consume_json"], queries["settle_batch"]
-    params = {"subscription_id": job.target, "consumer_id": job.consumer, "batch_size": job.batch}
+    consume, settle = queries["consume_batch"], queries["settle_batch"]
+    params = {"subscriptions": [job.target], "consumers": [job.consumer], "sizes": [job.batch]}
     received: list[str] = []
     stop = time.monotonic() + job.seconds
     while time.monotonic() < stop:

@@ -497,9 +497,9 @@ def wal_per_message(
 
         def consume(count: int) -> list[list[str]]:
             pages = []
-            params = {"subscription_id": subscription, "consumer_id": "wal", "batch_size": batch}
+            params = {"subscriptions": [subscription], "consumers": ["wal"], "sizes": [batch]}
             for _ in range(count // batch):
-                row = conn.execute(queries["consume_json"], params).fetchone()
+                row = conn.execute(queries["consume_batch"], params).fetchone()
                 pages.append([message["id"] for message in orjson.loads(row[1])] if row else [])
             return pages
 

@@ -286,29 +286,30 @@ class Database:
         )
         return [Message(*row) for row in rows]
 
-    async def consume_json(
-        self, subscription_id: str, consumer_id: str, batch_size: int = 10
-    ) -> tuple[int, str, float | None]:
-        """Lease messages rendered as the API's JSON array (text): how many, the array, and next_due.
+    async def consume_batch(
+        self, requests: Sequence[tuple[str, str, int]]
+    ) -> list[tuple[int, str, float | None]]:
+        """Several consumes in one transaction: (subscription, consumer, batch size) each.
 
-        next_due (seconds until a retry, delayed message or lease end may change
-        things; None: nothing pending) comes only when nothing was leased, so a
-        long-poll look is one round trip.
+        For each, in order: how many it leased, them as the API's JSON array
+        (text), and next_due when it leased none (seconds until a retry,
+        delayed message or lease end may change that; None: nothing pending).
+        All are committed, or none is.
         """
-        row = await self._one(
-            "consume_json",
-            subscription_id=subscription_id,
-            consumer_id=consumer_id,
-            batch_size=batch_size,
+        rows = await self._rows(
+            "consume_batch",
+            subscriptions=[request[0] for request in requests],
+            consumers=[request[1] for request in requests],
+            sizes=[request[2] for request in requests],
         )
-        return int(row.leased), str(row.data), None if row.due is None else float(row.due)
+        return [(int(row.leased), str(row.data), None if row.due is None else float(row.due)) for row in rows]
 
     async def consume_events(
         self, subscription_id: str, consumer_id: str, batch_size: int = 10
     ) -> tuple[list[tuple[UUID, str]], float | None]:
         """Lease messages, each with its JSON (what a stream sends as one event), and next_due.
 
-        next_due (as in consume_json) only when nothing was leased.
+        next_due (as in consume_batch) only when nothing was leased.
         """
         rows = await self._rows(
             "consume_events", subscription_id=subscription_id, consumer_id=consumer_id, batch_size=batch_size

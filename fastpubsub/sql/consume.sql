@@ -185,6 +185,31 @@ BEGIN
 END
 $$;
 
+-- Several consumes in one transaction (group commit): request i leases up to
+-- p_sizes[i] messages of p_subscriptions[i] to p_consumers[i], in order; one
+-- row per request in the same order: how many it leased, them as the API's
+-- JSON array, and (when it leased none) next_due. Either all are committed or
+-- none is: a caller that gets an error retries the requests one at a time.
+CREATE OR REPLACE FUNCTION fastpubsub._consume_batch(
+    p_subscriptions text[], p_consumers text[], p_sizes integer[])
+RETURNS TABLE(leased integer, data text, due double precision)
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    FOR i IN 1 .. coalesce(cardinality(p_subscriptions), 0) LOOP
+        SELECT count(*)::integer,
+               coalesce(json_agg(fastpubsub._message_json(
+                   c.id, p_subscriptions[i], c.payload, c.attempts, c.created_at, c.attributes, c.priority,
+                   c.receipt) ORDER BY c.ord), '[]')::text
+        INTO leased, data
+        FROM fastpubsub.consume(p_subscriptions[i], p_consumers[i], p_sizes[i]) WITH ORDINALITY
+            AS c(id, payload, attributes, priority, attempts, created_at, receipt, ord);
+        due := CASE WHEN leased = 0 THEN fastpubsub.next_due(p_subscriptions[i]) END;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
 -- Seconds until a due retry, delayed message or lease end may make a message
 -- deliverable: 0 when one is due already, NULL when nothing is pending at all.
 -- Each priority's in-flight rows are read through an index range, never by

@@ -108,23 +108,16 @@ UNION ALL
 SELECT NULL, NULL, fastpubsub.next_due(:subscription_id), 0 WHERE NOT EXISTS (SELECT 1 FROM c)
 ORDER BY 4
 
--- consume_json --
--- The same as consume, rendered as the API's JSON array by PostgreSQL itself:
--- the hottest answer of the API then costs Python one string. When nothing was
--- leased it also says how many seconds until a retry, delayed message or lease
--- end may change that (NULL: nothing pending), so a long-poll look is one round
--- trip. (next_due sees the statement's snapshot, from before this consume: at
--- worst it says "now" for rows the consume has just dead-lettered, and a
--- long-poll looks once more.)
-SELECT c.leased, c.data, CASE WHEN c.leased = 0 THEN fastpubsub.next_due(:subscription_id) END AS due
-FROM (
-    SELECT count(*) AS leased,
-           coalesce(json_agg(fastpubsub._message_json(
-               c.id, :subscription_id, c.payload, c.attempts, c.created_at, c.attributes, c.priority, c.receipt)
-               ORDER BY c.ord), '[]')::text AS data
-    FROM fastpubsub.consume(:subscription_id, :consumer_id, :batch_size) WITH ORDINALITY
-        AS c(id, payload, attributes, priority, attempts, created_at, receipt, ord)
-) AS c
+-- consume_batch --
+-- Leasing, rendered as the API's JSON array by PostgreSQL itself (the hottest
+-- answer of the API then costs Python one string), for several requests in
+-- one transaction (group commit): one row per request, in order. When a
+-- request leased nothing, `due` says how many seconds until a retry, delayed
+-- message or lease end may change that (NULL: nothing pending), so a
+-- long-poll look is one round trip.
+SELECT leased, data, due
+FROM fastpubsub._consume_batch(
+    CAST(:subscriptions AS text[]), CAST(:consumers AS text[]), CAST(:sizes AS integer[]))
 
 -- ack --
 SELECT fastpubsub.ack(:subscription_id, CAST(:ids AS uuid[])) AS acked

@@ -93,3 +93,25 @@ async def test_an_ack_of_an_unknown_subscription_fails_alone(api: httpx.AsyncCli
     )
     assert [a.status_code for a in answers] == [404, 204]
     assert (await api.get("/subscriptions/t-s/metrics")).json()["acked"] == 1
+
+
+async def test_concurrent_consumes_share_transactions_and_never_lease_one_message_twice(
+    api: httpx.AsyncClient,
+) -> None:
+    await api.post("/topics/t/messages", json=[{"n": i} for i in range(100)])
+    before = batches(api, "consumes")
+    pages = await asyncio.gather(
+        *(
+            api.get("/subscriptions/t-s/messages", params={"consumer_id": f"c{k}", "batch_size": 3})
+            for k in range(30)
+        ),
+        api.get("/subscriptions/nosuch/messages", params={"consumer_id": "x"}),
+    )
+    assert pages[-1].status_code == 404  # the unknown subscription fails alone
+    got = [m["payload"]["n"] for page in pages[:-1] for m in page.json()["data"]]
+    assert sorted(got) == list(range(90))  # 30 x 3, each message once
+    done_batches, done_requests = batches(api, "consumes")
+    assert done_requests - before[1] >= 31
+    assert done_batches - before[0] < 31
+    metrics = (await api.get("/subscriptions/t-s/metrics")).json()
+    assert (metrics["delivered"], metrics["available"]) == (90, 10)

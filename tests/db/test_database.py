@@ -175,15 +175,15 @@ def test_urls_are_normalised() -> None:
 
 
 async def test_a_long_poll_look_is_one_round_trip(db: Database) -> None:
-    """consume_json leases and, when it leased nothing, says in the same round trip when to look again."""
+    """consume_batch leases and, when it leased nothing, says in the same round trip when to look again."""
     await db.create_topic("t")
     await db.create_subscription("s", "t", ack_deadline_seconds=30)
-    assert await db.consume_json("s", "w", 10) == (0, "[]", None)  # nothing pending at all
+    assert await db.consume_batch([("s", "w", 10)]) == [(0, "[]", None)]  # nothing pending at all
     await db.publish("t", [{"n": 1}])
-    leased, data, due = await db.consume_json("s", "w", 10)
+    ((leased, data, due),) = await db.consume_batch([("s", "w", 10)])
     assert (leased, due) == (1, None)
     assert [message["payload"] for message in json.loads(data)] == [{"n": 1}]
-    leased, data, due = await db.consume_json("s", "w", 10)
+    ((leased, data, due),) = await db.consume_batch([("s", "w", 10)])
     assert (leased, data) == (0, "[]")
     assert due is not None
     assert 29 < due <= 30  # when the lease just taken runs out
