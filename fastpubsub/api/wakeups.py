@@ -14,7 +14,10 @@ Where the news comes from:
 * the other processes: each sends one coalesced notification on the
   fastpubsub channel (`@<sender> orders=3 settled:orders=1`), outside any data
   transaction, at most one at a time and at most every `notify_interval`
-  seconds, and ignores its own when they come back;
+  seconds, and ignores its own when they come back. It names only
+  subscriptions some other process waits on: each process declares those
+  (`@<sender> +orders`, renewed every few seconds), so publishing to a
+  subscription nobody waits on elsewhere sends nothing;
 * applications publishing in SQL inside their own transactions: those
   sessions notify at commit (`orders=3`);
 * due times: a look that leased nothing says when a retry, a delayed message
@@ -31,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import secrets
 from collections.abc import Iterable, Iterator, Sequence
@@ -56,6 +60,16 @@ DEGRADED_RECHECK_SECONDS = 1.0
 TOUCH_SECONDS = 30.0
 # Streams opening read their subscription (its ack deadline) at most this often per process.
 SUBSCRIPTION_SECONDS = 5.0
+# Each process says which subscriptions it has waiters for (`+orders`), at least
+# this often, and the others tell it about those only: a publish to a
+# subscription nobody waits on elsewhere costs no notification. A declaration
+# holds for INTEREST_SECONDS; until a process has heard everyone's (after it
+# starts, or after its notification connection comes back), it tells all.
+INTEREST_REFRESH_SECONDS = 5.0
+INTEREST_SECONDS = 15.0
+# A process that has just declared an interest may miss what others committed
+# before they heard of it: its waiters look again after these delays.
+NEW_INTEREST_LOOKS = (0.05, 0.5)
 # A notification payload longer than this names no subscription: everyone looks.
 MAX_PAYLOAD_BYTES = 7000
 
@@ -107,13 +121,16 @@ class WakeHub:
         self.listener = NotificationListener(
             database.url,
             on_notification=self.heard,
-            on_connected=self.wake_everyone,
+            on_connected=self._connected,
             on_lost=self.wake_everyone,
             on_reconnect=database.discard_idle_connections,
         )
         self.sender = NotificationSender(database.url)
         self._queues: dict[str, _Queue] = {}
         self._pending: dict[str, int] = {}
+        self._declare_pending: set[str] = set()
+        self._others: dict[str, float] = {}  # subscriptions others wait on, until (loop time)
+        self._tell_everything_until = math.inf  # until everyone's interests are known
         self._subscriptions: dict[str, tuple[float, Subscription]] = {}
         self._touching: set[asyncio.Task[None]] = set()
         self._sender: asyncio.Task[None] | None = None
@@ -131,7 +148,16 @@ class WakeHub:
         self._tasks = [
             asyncio.create_task(self._touch_streams(), name="fastpubsub-touch-streams"),
             asyncio.create_task(self._degraded_looks(), name="fastpubsub-degraded-looks"),
+            asyncio.create_task(self._refresh_interests(), name="fastpubsub-interests"),
         ]
+
+    def _connected(self) -> None:
+        """(Re)connected: look again, say again what we wait on, and tell everything until we know theirs."""
+        self.wake_everyone()
+        self._tell_everything_until = asyncio.get_running_loop().time() + INTEREST_SECONDS
+        for subscription_id, queue in self._queues.items():
+            if queue.waiters:
+                self._declare(subscription_id)
 
     def begin_stopping(self) -> None:
         """Shutting down: every long-poll answers with what it has, every stream ends."""
@@ -158,9 +184,7 @@ class WakeHub:
         self, subscription_id: str, demand: int, held: dict[UUID, float] | None = None
     ) -> Iterator[Waiter]:
         """Register a waiter for `subscription_id` (before its first look: no wake-up is missed)."""
-        queue = self._queues.get(subscription_id)
-        if queue is None:
-            queue = self._queues[subscription_id] = _Queue()
+        queue = self._queue(subscription_id)
         waiter = Waiter(demand, held)
         queue.waiters[waiter] = None
         try:
@@ -187,9 +211,7 @@ class WakeHub:
     @contextlib.contextmanager
     def stream(self, subscription_id: str) -> Iterator[None]:
         """A stream of this subscription is open here (the hub keeps it registered, see TOUCH_SECONDS)."""
-        queue = self._queues.get(subscription_id)
-        if queue is None:
-            queue = self._queues[subscription_id] = _Queue()
+        queue = self._queue(subscription_id)
         if not queue.streams:  # the first here: register it now (acks elsewhere then tell it of room)
             task = asyncio.create_task(self._touch(subscription_id), name="fastpubsub-touch-stream")
             self._touching.add(task)
@@ -200,6 +222,22 @@ class WakeHub:
         finally:
             queue.streams -= 1
             self._forget_if_idle(subscription_id, queue)
+
+    def _queue(self, subscription_id: str) -> _Queue:
+        queue = self._queues.get(subscription_id)
+        if queue is None:
+            queue = self._queues[subscription_id] = _Queue()
+            # A new interest: say so, and look again in case others committed
+            # messages before they heard of it.
+            self._declare(subscription_id)
+            loop = asyncio.get_running_loop()
+            for delay in NEW_INTEREST_LOOKS:
+                loop.call_later(delay, self.wake, subscription_id, None)
+        return queue
+
+    def _declare(self, subscription_id: str) -> None:
+        self._declare_pending.add(subscription_id)
+        self._start_sending()
 
     def _forget_if_idle(self, subscription_id: str, queue: _Queue) -> None:
         if not queue.waiters and not queue.streams and self._queues.get(subscription_id) is queue:
@@ -308,6 +346,9 @@ class WakeHub:
             if word == "*":
                 self.wake_everyone()
                 return
+            if word.startswith("+"):  # someone waits on this subscription
+                self._others[word[1:]] = asyncio.get_running_loop().time() + INTEREST_SECONDS
+                continue
             name, _, number = word.partition("=")
             count = int(number) if number.isdigit() else None
             if name.startswith("settled:"):
@@ -327,15 +368,25 @@ class WakeHub:
                 waiter.event.set()
 
     def _tell(self, name: str, count: int) -> None:
+        """Tell the other processes, if any of them waits on this subscription (or we cannot know yet)."""
+        now = asyncio.get_running_loop().time()
+        if now >= self._tell_everything_until and self._others.get(name.removeprefix("settled:"), 0) < now:
+            return
         self._pending[name] = self._pending.get(name, 0) + count
+        self._start_sending()
+
+    def _start_sending(self) -> None:
         if self._sender is None or self._sender.done():
             self._sender = asyncio.create_task(self._send(), name="fastpubsub-notify")
 
     async def _send(self) -> None:
         """Send what is pending as one notification, then again at most every notify_interval."""
-        while self._pending:
+        while self._pending or self._declare_pending:
             pending, self._pending = self._pending, {}
-            payload = f"@{self.tag} " + " ".join(f"{name}={count}" for name, count in pending.items())
+            declared, self._declare_pending = self._declare_pending, set()
+            payload = f"@{self.tag} " + " ".join(
+                [f"+{name}" for name in declared] + [f"{name}={count}" for name, count in pending.items()]
+            )
             if len(payload.encode()) > MAX_PAYLOAD_BYTES:
                 payload = f"@{self.tag} *"
             try:
@@ -361,6 +412,18 @@ class WakeHub:
             await self.database.touch_stream(subscription_id)
         except FastPubSubError as exc:
             log.debug("touch_stream %s: %s", subscription_id, one_line(exc))
+
+    async def _refresh_interests(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tell_everything_until = loop.time() + INTEREST_SECONDS
+        while True:
+            await asyncio.sleep(INTEREST_REFRESH_SECONDS)
+            for subscription_id, queue in self._queues.items():
+                if queue.waiters:
+                    self._declare(subscription_id)
+            now = loop.time()
+            for subscription_id in [s for s, until in self._others.items() if until < now]:
+                del self._others[subscription_id]
 
     async def _degraded_looks(self) -> None:
         while True:

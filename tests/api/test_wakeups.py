@@ -9,6 +9,7 @@ import httpx
 import psycopg
 import pytest
 
+from fastpubsub.api import wakeups
 from fastpubsub.db.urls import libpq_url
 from tests.api.conftest import ClientFactory
 
@@ -49,6 +50,8 @@ async def test_a_publish_wakes_as_many_waiters_as_it_has_messages(api: httpx.Asy
     hub = api.app.state.hub  # type: ignore[attr-defined]
     polls = [long_poll(api, f"c{i}") for i in range(50)]
     await settle_waiters(api, 50)
+    await asyncio.sleep(max(wakeups.NEW_INTEREST_LOOKS) + 0.1)  # the second looks of a new interest are over
+    await settle_waiters(api, 50)
     woken = hub.wakeups
     await api.post("/topics/t/messages", json=[{"n": 1}])
     done, pending = await asyncio.wait(polls, timeout=2, return_when=asyncio.FIRST_COMPLETED)
@@ -88,7 +91,10 @@ async def test_another_process_hears_of_a_publish_and_no_data_transaction_notifi
         assert time.monotonic() - started < 1
         heard = [n.payload for n in listener.notifies(timeout=0.5)]
     tag = a.app.state.hub.tag  # type: ignore[attr-defined]
-    assert heard == [f"@{tag} s=1"]  # one, from a's sender, none from the publish transaction
+    # Only the processes' own notifications (b saying it waits on s; a's one wake-up),
+    # none from the publish transaction.
+    assert all(payload.startswith("@") for payload in heard)
+    assert [p for p in heard if p.startswith(f"@{tag}")] == [f"@{tag} s=1"]
 
 
 async def test_a_waiter_that_finds_nothing_keeps_waiting_in_its_place(make_api: ClientFactory) -> None:
@@ -128,3 +134,29 @@ async def test_a_nack_wakes_a_waiter_now_or_when_the_retry_is_due(
     assert again["id"] == message["id"]
     assert again["delivery_attempts"] == 2
     assert backoff <= time.monotonic() - started < backoff + 0.8
+
+
+async def test_only_subscriptions_someone_waits_on_elsewhere_cost_a_notification(
+    make_api: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(wakeups, "INTEREST_SECONDS", 0.5)  # processes learn each other's interests quickly
+    a, b = await make_api(), await make_api()
+    await setup(a)
+    await a.post("/subscriptions", json={"id": "quiet", "topic_id": "t"})
+    hubs = [app.app.state.hub for app in (a, b)]  # type: ignore[attr-defined]
+    for hub in hubs:
+        await asyncio.wait_for(hub.connected.wait(), 5)
+    await asyncio.sleep(0.6)  # past the time each tells everything, not knowing the others yet
+    poll = long_poll(b, "far")  # b waits on s, and says so
+    await settle_waiters(b, 1)
+    await asyncio.sleep(0.2)
+    sent = hubs[0].notifications_sent
+    await a.post("/topics/t/messages", json=[{"n": 1}])  # s (waited on in b) and quiet (nowhere)
+    (message,) = await asyncio.wait_for(poll, 5)
+    assert message["payload"] == {"n": 1}
+    assert hubs[0].notifications_sent == sent + 1
+    await a.delete("/subscriptions/s")
+    await asyncio.sleep(0.1)
+    await a.post("/topics/t/messages", json=[{"n": 2}])  # only quiet now: nobody waits on it anywhere
+    await asyncio.sleep(0.2)
+    assert hubs[0].notifications_sent == sent + 1
