@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Callable
@@ -160,6 +161,7 @@ def test_ceiling_clients_are_processes_of_their_own(database_url: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="no wrk on PATH (apt-get install wrk)")
 def test_bench_all_runs_every_phase_and_its_exit_status_is_the_verdict(
     database_url: str, server: Server
 ) -> None:
@@ -186,6 +188,16 @@ def test_bench_all_runs_every_phase_and_its_exit_status_is_the_verdict(
             "2",
             "--wal-messages",
             "2000",
+            "--http-seconds",
+            "1",
+            "--waiters",
+            "20",
+            "--stream-messages",
+            "2000",
+            "--idle-streams",
+            "200",
+            "--fast-rate",
+            "200",
         ],
         capture_output=True,
         text=True,
@@ -221,6 +233,18 @@ def test_bench_all_runs_every_phase_and_its_exit_status_is_the_verdict(
     # A given database's configuration is left alone: the backend's own WAL is counted.
     assert figures["wal_method"] in ("backend", "lsn, autovacuum running")
     assert "WAL bytes per message" in result.stderr + result.stdout  # the table was printed
+    # One message per request (wrk), many waiting, the faster end-to-end rate, idle streams.
+    assert figures["http_floor_requests_per_s"] > 0
+    assert figures["publish_one_msgs_per_s"] > 0
+    assert figures["consume_ack_one_msgs_per_s"] > 0
+    assert 0 <= figures["wrk_cpu_share"] <= 2
+    assert figures["long_poll_waiters"] == 20
+    assert figures["long_poll_delivered_share"] > 0
+    assert figures["stream_msgs_per_s"] > 0
+    assert 0 < figures["e2e_fast_p50_ms"] <= figures["e2e_fast_p99_ms"]
+    assert figures["idle_streams"] == 200
+    # With --url the server is not this run's: its memory is not measured.
+    assert figures["idle_streams_server_rss_mib"] == 0
 
 
 def test_bench_all_against_a_server_needs_that_servers_database(server: Server) -> None:
