@@ -12,7 +12,6 @@ import contextlib
 import math
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import traceback
@@ -849,8 +848,15 @@ app.command("db_migrate", hidden=True)(db_migrate)
 
 def main() -> None:
     """Console entry point."""
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `fastpubsub list-clients | head` exits quietly
+    # SIGPIPE stays ignored (Python's default): a server's workers inherit it,
+    # and a client hanging up must cost them an EPIPE, never their life. A
+    # reader of our output that stops early (`fastpubsub list-clients | head`)
+    # ends the command quietly instead.
     try:
         app()
     except KeyboardInterrupt:
         sys.exit(130)
+    except BrokenPipeError:
+        # Further writes (at exit too) would fail again: send them nowhere.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)

@@ -334,3 +334,26 @@ def test_version() -> None:
     assert result.exit_code == 0
     assert result.stdout == f"fastpubsub {__version__}\n"
     assert sys.modules["fastpubsub"].__version__ == __version__
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly(invoke: Invoke, server: Server) -> None:
+    ok(invoke("topics", "create", "t"))
+    ok(invoke("subscriptions", "create", "s", "--topic", "t"))
+    lines = "".join(json.dumps({"n": i, "text": "x" * 2000}) + "\n" for i in range(100))
+    ok(invoke("publish", "t", stdin=lines))
+    env = {**os.environ, "FASTPUBSUB_EMBEDDED_DATA_DIR": "/nonexistent", "FASTPUBSUB_API_URL": server.url}
+    # `pull ... | head -c 1`: the JSON (~200 kB) is more than a pipe holds; the reader leaves at once.
+    pull = subprocess.Popen(
+        [FASTPUBSUB, "pull", "s", "--max", "100", "--json"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert pull.stdout is not None and pull.stderr is not None
+    first = pull.stdout.read(1)
+    assert first == b"[", pull.stderr.read()
+    pull.stdout.close()
+    assert pull.wait(30) in (0, 1)  # not killed by SIGPIPE (-13), which a server cannot afford
+    with pull.stderr:
+        errors = pull.stderr.read().decode()
+    assert "Traceback" not in errors and "pipe" not in errors.lower(), errors  # no noise about it

@@ -4,6 +4,7 @@ after its main process is killed, and streams that ride out a database restart."
 from __future__ import annotations
 
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -147,3 +148,36 @@ def test_a_stream_rides_out_a_database_restart(
     assert not any(line.startswith("event: error") for line in events)
     assert "<closed>" not in events  # the same stream, never closed
     stream.join(10)
+
+
+def test_clients_that_hang_up_before_their_answer_never_take_a_worker_down(
+    run_server: Callable[..., Server], database_url: str
+) -> None:
+    server = run_server(base_env(database_url))
+    prepare(server)
+    workers = sorted(child.pid for child in psutil.Process(server.process.pid).children())
+    port = int(server.url.rsplit(":", 1)[1])
+    with server.client() as http:
+        for _ in range(60):  # answers of ~1 MB: written in many pieces
+            batch = [{"n": i, "text": "x" * 1000} for i in range(100)]
+            assert http.post("/topics/t/messages", json=batch).status_code == 204
+    # Consumes, long-polls and publishes whose clients close their sockets at
+    # once: the server writes each answer to a connection nobody reads any more.
+    requests = [
+        b"GET /subscriptions/s/messages?consumer_id=gone&batch_size=1000&wait_seconds=1 HTTP/1.1\r\nHost: t\r\n\r\n",
+        b"POST /topics/t/messages HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 12\r\n\r\n[{\"n\": 1}]  ",
+    ]
+    for _ in range(3):
+        sockets = []
+        for i in range(40):
+            sock = socket.create_connection(("127.0.0.1", port))
+            sock.sendall(requests[i % 2])
+            sockets.append(sock)
+        for sock in sockets:
+            sock.close()
+        time.sleep(1.5)  # the long-polls end and are answered into closed sockets
+    with server.client() as http:
+        assert http.get("/readiness").status_code == 200
+    assert sorted(child.pid for child in psutil.Process(server.process.pid).children()) == workers
+    assert "SIGPIPE" not in server.log.read_text()
