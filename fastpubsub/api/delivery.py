@@ -86,11 +86,11 @@ class Delivery:
         self.stream_outage_seconds = stream_outage_seconds
         self.publishes: GroupCommit[tuple[str, str, bool], tuple[list[UUID], list[str], list[int]]] = (
             GroupCommit(
-                database.publish_batch, max_in_flight=batches_in_flight, max_batch=max_batch, name="publish"
+                self._publish_batch, max_in_flight=batches_in_flight, max_batch=max_batch, name="publish"
             )
         )
         self.settlements: GroupCommit[dict[str, Any], dict[str, Any]] = GroupCommit(
-            database.settle_batch, max_in_flight=batches_in_flight, max_batch=max_batch, name="settle"
+            self._settle_batch, max_in_flight=batches_in_flight, max_batch=max_batch, name="settle"
         )
         self.consumes: GroupCommit[tuple[str, str, int], tuple[int, str, float | None]] = GroupCommit(
             database.consume_batch, max_in_flight=batches_in_flight, max_batch=max_batch, name="consume"
@@ -116,10 +116,23 @@ class Delivery:
         return await self._publish(topic_id, text, envelopes=True)
 
     async def _publish(self, topic_id: str, text: str, *, envelopes: bool) -> list[UUID]:
-        ids, woken, counts = await self.publishes.submit((topic_id, text, envelopes))
-        self.hub.published(woken, counts)
+        ids, _, _ = await self.publishes.submit((topic_id, text, envelopes))
         PUBLISHED.labels(topic_id).inc(len(ids))
         return ids
+
+    async def _publish_batch(
+        self, requests: Sequence[tuple[str, str, bool]]
+    ) -> list[tuple[list[UUID], list[str], list[int]]]:
+        """Write a group commit's publishes; waiters hear of them once committed.
+
+        The database reports the subscriptions fed once per topic in the batch
+        (with the first of its requests), so waking happens here, for the whole
+        batch, and not in each request (whose caller may be gone by then).
+        """
+        results = await self.database.publish_batch(requests)
+        for _, woken, counts in results:
+            self.hub.published(woken, counts)
+        return results
 
     # -- consume and long-poll ----------------------------------------------------------------
 
@@ -204,26 +217,38 @@ class Delivery:
         request: dict[str, Any] = {"subscription": subscription_id, "action": action}
         if receipts is not None:
             request["receipts"] = list(receipts)
-            settled: list[UUID | str] = [m for m in map(receipt_message_id, receipts) if m is not None]
         else:
             request["ids"] = [str(message_id) for message_id in ids or ()]
-            settled = list(ids or ())
         if seconds is not None:
             request["seconds"] = seconds
         if not requeue:
             request["requeue"] = False
-        result = await self.settlements.submit(request)
-        done, dead, ready = result["done"], result["dead"], result["ready"]
-        if action == "ack":
-            ACKED.labels(subscription_id).inc(done)
-        elif action == "nack":
-            NACKED.labels(subscription_id).inc(done)
-            DEAD_LETTERED.labels(subscription_id).inc(dead)
-        if done:
-            self.hub.settled(subscription_id, settled, done, result["streaming"])
-            if ready or (action == "nack" and done > dead):
+        return await self.settlements.submit(request)
+
+    async def _settle_batch(self, requests: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Write a group commit's settlements; count them and tell waiters and streams, once committed.
+
+        Done here for the whole batch, not in each request, whose caller may be
+        gone by then (and a group's `ready` comes with its first request only).
+        """
+        results = await self.database.settle_batch(requests)
+        for request, result in zip(requests, results, strict=True):
+            subscription_id, action = request["subscription"], request["action"]
+            done, dead, ready = result["done"], result["dead"], result["ready"]
+            if action == "ack":
+                ACKED.labels(subscription_id).inc(done)
+            elif action == "nack":
+                NACKED.labels(subscription_id).inc(done)
+                DEAD_LETTERED.labels(subscription_id).inc(dead)
+            if done:
+                if "receipts" in request:
+                    settled = [m for m in map(receipt_message_id, request["receipts"]) if m is not None]
+                else:
+                    settled = request["ids"]
+                self.hub.settled(subscription_id, settled, done, result["streaming"])
+            if ready or (done and action == "nack" and done > dead):
                 self.hub.made_ready(subscription_id, ready)  # 0: a retry is due later
-        return result
+        return results
 
     async def ack(self, subscription_id: str, ids: Sequence[UUID | str]) -> None:
         if ids:

@@ -67,8 +67,9 @@ BEGIN
 END
 $$;
 
--- Lease up to p_batch_size messages to p_consumer_id for the subscription's
--- ack deadline, each counting one delivery attempt:
+-- Lease messages of one subscription to several consumers at once: p_sizes[k]
+-- to p_consumers[k], for the subscription's ack deadline, each counting one
+-- delivery attempt:
 -- 1. scheduled rows whose time has come (retries after their backoff, delayed
 --    messages) join the back of their priority's queue (a new seq), or go to
 --    the DLQ when no attempt is left;
@@ -76,11 +77,14 @@ $$;
 --    holds, including leases that ran out (a failed attempt; dead-lettered
 --    when none is left, which does not fill the batch).
 -- Rows other consumers are leasing right now are skipped, never waited for.
--- Each row carries the receipt of its lease (see _receipt).
-CREATE OR REPLACE FUNCTION fastpubsub.consume(p_subscription_id text, p_consumer_id text, p_batch_size integer)
-RETURNS TABLE(id uuid, payload jsonb, attributes jsonb, priority smallint, attempts integer, created_at timestamptz,
-              receipt text)
+-- Consumer k gets the rows after those of consumers 1 .. k-1 (`slot` k), so
+-- one statement serves many small requests (group commit) as it would one
+-- large one. Each row carries the receipt of its lease (see _receipt).
+CREATE OR REPLACE FUNCTION fastpubsub._lease(p_subscription_id text, p_consumers text[], p_sizes integer[])
+RETURNS TABLE(slot integer, id uuid, payload jsonb, attributes jsonb, priority smallint, attempts integer,
+              created_at timestamptz, receipt text)
 LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
 SET enable_sort = off
 SET enable_bitmapscan = off
 SET enable_mergejoin = off
@@ -91,6 +95,9 @@ DECLARE
     s fastpubsub.subscriptions := fastpubsub._subscription(p_subscription_id);
     v_now timestamptz := now();
     v_lease_until timestamptz;
+    v_wanted integer := 0;
+    v_owners text[] := '{}';  -- the consumer of each place in the batch
+    v_slots integer[] := '{}';
     v_ids uuid[] := '{}';
     v_attempts integer[] := '{}';
     v_more_ids uuid[];
@@ -100,12 +107,20 @@ DECLARE
     v_priority smallint;
     v_settled bigint;
 BEGIN
-    IF p_batch_size IS NULL OR p_batch_size < 1 OR p_batch_size > 1000 THEN
-        RAISE EXCEPTION 'batch size must be between 1 and 1000' USING ERRCODE = 'FP422';
+    IF coalesce(cardinality(p_consumers), 0) = 0 OR cardinality(p_consumers) <> cardinality(p_sizes) THEN
+        RAISE EXCEPTION 'one batch size per consumer' USING ERRCODE = 'FP422';
     END IF;
-    IF p_consumer_id IS NULL OR length(p_consumer_id) NOT BETWEEN 1 AND 200 THEN
-        RAISE EXCEPTION 'consumer id must be 1 to 200 characters' USING ERRCODE = 'FP422';
-    END IF;
+    FOR k IN 1 .. cardinality(p_consumers) LOOP
+        IF p_sizes[k] IS NULL OR p_sizes[k] < 1 OR p_sizes[k] > 1000 THEN
+            RAISE EXCEPTION 'batch size must be between 1 and 1000' USING ERRCODE = 'FP422';
+        END IF;
+        IF p_consumers[k] IS NULL OR length(p_consumers[k]) NOT BETWEEN 1 AND 200 THEN
+            RAISE EXCEPTION 'consumer id must be 1 to 200 characters' USING ERRCODE = 'FP422';
+        END IF;
+        v_wanted := v_wanted + p_sizes[k];
+        v_owners := v_owners || array_fill(p_consumers[k], ARRAY[p_sizes[k]]);
+        v_slots := v_slots || array_fill(k, ARRAY[p_sizes[k]]);
+    END LOOP;
     v_lease_until := v_now + make_interval(secs => s.ack_deadline_seconds);
 
     -- 1. (Locking the rows gives this transaction its id before nextval runs:
@@ -115,7 +130,7 @@ BEGIN
         FROM fastpubsub.deliveries AS d
         WHERE d.subscription_key = s.key AND d.status = 'scheduled' AND d.visible_at <= v_now
         ORDER BY d.visible_at
-        LIMIT p_batch_size
+        LIMIT v_wanted
         FOR UPDATE SKIP LOCKED
     ), dead AS (
         UPDATE fastpubsub.deliveries AS d
@@ -132,7 +147,7 @@ BEGIN
 
     -- 2.
     v_priority := fastpubsub._next_priority(s.key, NULL);
-    WHILE v_priority IS NOT NULL AND cardinality(v_ids) < p_batch_size LOOP
+    WHILE v_priority IS NOT NULL AND cardinality(v_ids) < v_wanted LOOP
         LOOP
             WITH ready AS MATERIALIZED (
                 SELECT d.ctid AS row_id, d.seq, d.attempts >= s.max_delivery_attempts AS exhausted
@@ -141,18 +156,23 @@ BEGIN
                   AND d.seq >= s.consume_from
                   AND (d.lease_until IS NULL OR d.lease_until <= v_now)
                 ORDER BY d.seq
-                LIMIT p_batch_size - cardinality(v_ids)
+                LIMIT v_wanted - cardinality(v_ids)
                 FOR UPDATE SKIP LOCKED
             ), dead AS (
                 UPDATE fastpubsub.deliveries AS d
                 SET status = 'dlq', visible_at = v_now, lease_until = NULL, leased_at = NULL, consumer_id = NULL
                 WHERE d.ctid = ANY (ARRAY(SELECT row_id FROM ready WHERE exhausted))
                 RETURNING 1
+            ), places AS (
+                -- The place in the batch each row takes, counted in queue order.
+                SELECT r.row_id, cardinality(v_ids) + row_number() OVER (ORDER BY r.seq) AS place
+                FROM ready AS r WHERE NOT r.exhausted
             ), leased AS (
                 UPDATE fastpubsub.deliveries AS d
                 SET attempts = d.attempts + 1, lease_until = v_lease_until, leased_at = v_now,
-                    consumer_id = p_consumer_id
-                WHERE d.ctid = ANY (ARRAY(SELECT row_id FROM ready WHERE NOT exhausted))
+                    consumer_id = v_owners[p.place]
+                FROM places AS p
+                WHERE d.ctid = p.row_id
                 RETURNING d.seq, d.message_id, d.attempts
             )
             SELECT (SELECT count(*) FROM dead),
@@ -162,7 +182,7 @@ BEGIN
             INTO v_dead, v_more_ids, v_more_attempts, v_first_seq;
             v_ids := v_ids || v_more_ids;
             v_attempts := v_attempts || v_more_attempts;
-            EXIT WHEN v_dead = 0 OR cardinality(v_ids) >= p_batch_size;
+            EXIT WHEN v_dead = 0 OR cardinality(v_ids) >= v_wanted;
         END LOOP;
         v_priority := fastpubsub._next_priority(s.key, v_priority);
     END LOOP;
@@ -172,7 +192,7 @@ BEGIN
     END IF;
 
     RETURN QUERY
-        SELECT m.id, m.payload, m.attributes, m.priority, x.attempts, m.created_at,
+        SELECT v_slots[x.ord::integer], m.id, m.payload, m.attributes, m.priority, x.attempts, m.created_at,
                fastpubsub._receipt(m.id, v_now)
         FROM unnest(v_ids, v_attempts) WITH ORDINALITY AS x(message_id, attempts, ord)
         CROSS JOIN LATERAL (
@@ -185,26 +205,70 @@ BEGIN
 END
 $$;
 
+-- Lease up to p_batch_size messages to p_consumer_id (see _lease).
+CREATE OR REPLACE FUNCTION fastpubsub.consume(p_subscription_id text, p_consumer_id text, p_batch_size integer)
+RETURNS TABLE(id uuid, payload jsonb, attributes jsonb, priority smallint, attempts integer, created_at timestamptz,
+              receipt text)
+LANGUAGE sql
+AS $$
+    SELECT l.id, l.payload, l.attributes, l.priority, l.attempts, l.created_at, l.receipt
+    FROM fastpubsub._lease(p_subscription_id, ARRAY[p_consumer_id], ARRAY[p_batch_size]) AS l
+$$;
+
 -- Several consumes in one transaction (group commit): request i leases up to
--- p_sizes[i] messages of p_subscriptions[i] to p_consumers[i], in order; one
--- row per request in the same order: how many it leased, them as the API's
--- JSON array, and (when it leased none) next_due. Either all are committed or
--- none is: a caller that gets an error retries the requests one at a time.
+-- p_sizes[i] messages of p_subscriptions[i] to p_consumers[i]; one row per
+-- request, in order: how many it leased, them as the API's JSON array, and
+-- (when it leased none) next_due. The requests for one subscription share
+-- one _lease, earlier requests first. Either all are committed or none is: a
+-- caller that gets an error retries the requests one at a time.
 CREATE OR REPLACE FUNCTION fastpubsub._consume_batch(
     p_subscriptions text[], p_consumers text[], p_sizes integer[])
 RETURNS TABLE(leased integer, data text, due double precision)
 LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
 AS $$
+DECLARE
+    n integer := coalesce(cardinality(p_subscriptions), 0);
+    v_leased integer[] := array_fill(0, ARRAY[n]);
+    v_data text[] := array_fill('[]'::text, ARRAY[n]);
+    v_due double precision[] := array_fill(NULL::double precision, ARRAY[n]);
+    g record;
+    r record;
+    v_next_due double precision;
+    v_member integer;
 BEGIN
-    FOR i IN 1 .. coalesce(cardinality(p_subscriptions), 0) LOOP
-        SELECT count(*)::integer,
-               coalesce(json_agg(fastpubsub._message_json(
-                   c.id, p_subscriptions[i], c.payload, c.attempts, c.created_at, c.attributes, c.priority,
-                   c.receipt) ORDER BY c.ord), '[]')::text
-        INTO leased, data
-        FROM fastpubsub.consume(p_subscriptions[i], p_consumers[i], p_sizes[i]) WITH ORDINALITY
-            AS c(id, payload, attributes, priority, attempts, created_at, receipt, ord);
-        due := CASE WHEN leased = 0 THEN fastpubsub.next_due(p_subscriptions[i]) END;
+    FOR g IN
+        SELECT x.subscription, array_agg(x.ord::integer ORDER BY x.ord) AS members,
+               array_agg(x.consumer ORDER BY x.ord) AS consumers, array_agg(x.size ORDER BY x.ord) AS sizes
+        FROM unnest(p_subscriptions, p_consumers, p_sizes) WITH ORDINALITY AS x(subscription, consumer, size, ord)
+        GROUP BY x.subscription
+        ORDER BY min(x.ord)
+    LOOP
+        FOR r IN
+            SELECT l.slot, count(*)::integer AS leased,
+                   json_agg(fastpubsub._message_json(
+                       l.id, g.subscription, l.payload, l.attempts, l.created_at, l.attributes, l.priority,
+                       l.receipt) ORDER BY l.ord)::text AS data
+            FROM fastpubsub._lease(g.subscription, g.consumers, g.sizes) WITH ORDINALITY
+                AS l(slot, id, payload, attributes, priority, attempts, created_at, receipt, ord)
+            GROUP BY l.slot
+        LOOP
+            v_leased[g.members[r.slot]] := r.leased;
+            v_data[g.members[r.slot]] := r.data;
+        END LOOP;
+        IF EXISTS (SELECT 1 FROM unnest(g.members) AS m(member) WHERE v_leased[m.member] = 0) THEN
+            v_next_due := fastpubsub.next_due(g.subscription);
+            FOREACH v_member IN ARRAY g.members LOOP
+                IF v_leased[v_member] = 0 THEN
+                    v_due[v_member] := v_next_due;
+                END IF;
+            END LOOP;
+        END IF;
+    END LOOP;
+    FOR i IN 1 .. n LOOP
+        leased := v_leased[i];
+        data := v_data[i];
+        due := v_due[i];
         RETURN NEXT;
     END LOOP;
 END

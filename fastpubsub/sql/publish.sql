@@ -81,6 +81,7 @@ CREATE OR REPLACE FUNCTION fastpubsub._publish(
     OUT ids uuid[], OUT woken text[], OUT woken_counts integer[])
 RETURNS record
 LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_topic_key integer;
@@ -197,20 +198,79 @@ $$;
 -- as _publish does, in order; one row per request in the same order. Either
 -- all of them are committed or none is: a caller that gets an error retries
 -- the requests one at a time to find whose it was.
+--
+-- The requests for one topic are written by one _publish over all their
+-- messages, in request order (payloads become envelopes {"payload": ...}
+-- when envelopes are among them: the same messages), which is what makes many
+-- one-message requests cheap. Each request gets its own slice of the ids
+-- (within a topic, ids grow in request order); the subscriptions fed, with
+-- their counts for all of them, come with the group's first request (the
+-- others' are empty). A body that is not a non-empty JSON array is published
+-- alone, so it fails with its own error.
 CREATE OR REPLACE FUNCTION fastpubsub._publish_batch(p_topics text[], p_messages text[], p_envelopes boolean[])
 RETURNS TABLE(ids uuid[], woken text[], woken_counts integer[])
 LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-    v_offset bigint := 0;
+    n integer := coalesce(cardinality(p_topics), 0);
+    v_bodies jsonb[] := '{}';
+    -- Request i's ids are v_ids[v_first[i] : v_first[i] + v_count[i] - 1]; the
+    -- same for what a group's first request reports woken.
+    v_ids uuid[] := '{}';
+    v_first integer[] := array_fill(1, ARRAY[n]);
+    v_count integer[] := array_fill(0, ARRAY[n]);
+    v_woken text[] := '{}';
+    v_woken_counts integer[] := '{}';
+    v_woken_first integer[] := array_fill(1, ARRAY[n]);
+    v_woken_count integer[] := array_fill(0, ARRAY[n]);
     v_published record;
+    g record;
+    v_member integer;
+    v_at integer;
 BEGIN
-    FOR i IN 1 .. coalesce(cardinality(p_topics), 0) LOOP
-        v_published := fastpubsub._publish(p_topics[i], p_messages[i]::jsonb, p_envelopes[i], v_offset);
-        ids := v_published.ids;
-        woken := v_published.woken;
-        woken_counts := v_published.woken_counts;
-        v_offset := v_offset + cardinality(ids);
+    FOR i IN 1 .. n LOOP
+        v_bodies := v_bodies || p_messages[i]::jsonb;
+    END LOOP;
+    FOR g IN
+        SELECT x.topic, bool_or(coalesce(x.envelopes, false)) AS envelopes,
+               array_agg(x.ord::integer ORDER BY x.ord) AS members,
+               array_agg(coalesce(x.envelopes, false) ORDER BY x.ord) AS kinds
+        FROM unnest(p_topics, p_envelopes, v_bodies) WITH ORDINALITY AS x(topic, envelopes, body, ord)
+        GROUP BY x.topic,
+                 -- a body _publish refuses is published alone, to fail with its own error
+                 CASE WHEN jsonb_typeof(x.body) = 'array' AND jsonb_array_length(x.body) > 0 THEN 0
+                      ELSE x.ord END
+        ORDER BY min(x.ord)
+    LOOP
+        v_published := fastpubsub._publish(
+            g.topic,
+            CASE WHEN cardinality(g.members) = 1 THEN v_bodies[g.members[1]]
+                 ELSE (SELECT jsonb_agg(CASE WHEN g.envelopes AND NOT g.kinds[m.ord::integer]
+                                             THEN jsonb_build_object('payload', e.value)  -- the same message
+                                             ELSE e.value END
+                                        ORDER BY m.ord, e.ord)
+                       FROM unnest(g.members) WITH ORDINALITY AS m(member, ord)
+                       CROSS JOIN LATERAL jsonb_array_elements(v_bodies[m.member]) WITH ORDINALITY AS e(value, ord))
+            END,
+            g.envelopes,
+            cardinality(v_ids));
+        v_at := cardinality(v_ids) + 1;
+        FOREACH v_member IN ARRAY g.members LOOP
+            v_first[v_member] := v_at;
+            v_count[v_member] := jsonb_array_length(v_bodies[v_member]);
+            v_at := v_at + v_count[v_member];
+        END LOOP;
+        v_ids := v_ids || v_published.ids;
+        v_woken_first[g.members[1]] := cardinality(v_woken) + 1;
+        v_woken_count[g.members[1]] := cardinality(v_published.woken);
+        v_woken := v_woken || v_published.woken;
+        v_woken_counts := v_woken_counts || v_published.woken_counts;
+    END LOOP;
+    FOR i IN 1 .. n LOOP
+        ids := v_ids[v_first[i] : v_first[i] + v_count[i] - 1];
+        woken := v_woken[v_woken_first[i] : v_woken_first[i] + v_woken_count[i] - 1];
+        woken_counts := v_woken_counts[v_woken_first[i] : v_woken_first[i] + v_woken_count[i] - 1];
         RETURN NEXT;
     END LOOP;
 END

@@ -7,26 +7,27 @@
 -- nack_receipts, extend_lease_receipts) only the lease the receipt was handed
 -- out with, and each receipt gets its own outcome (the API and the group
 -- commit use _settle_batch, which does any of them). Rows are reached one
--- primary-key probe per id (_held, _held_leases), whatever the statistics say:
+-- primary-key probe per id (_held, _held_receipts), whatever the statistics say:
 -- with statistics that call the subscription small (a new table), the planner
 -- would rather read all of it. The _*_rows functions do the work for both.
 
--- The current leases these receipts name, as row ids (one probe per receipt).
-CREATE OR REPLACE FUNCTION fastpubsub._held_leases(p_subscription_key integer, p_receipts text[])
-RETURNS tid[]
+-- The current leases these receipts name: the place of each receipt that
+-- names one, and its row (one probe per receipt).
+CREATE OR REPLACE FUNCTION fastpubsub._held_receipts(p_subscription_key integer, p_receipts text[])
+RETURNS TABLE(pos bigint, row_id tid)
 LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
-    RETURN (
-        SELECT coalesce(array_agg(h.row_id), '{}')
-        FROM unnest(p_receipts) AS r(receipt)
+    RETURN QUERY
+        SELECT r.pos, h.row_id
+        FROM unnest(p_receipts) WITH ORDINALITY AS r(receipt, pos)
         CROSS JOIN LATERAL fastpubsub._receipt_lease(r.receipt) AS l
         CROSS JOIN LATERAL (
             SELECT d.ctid AS row_id FROM fastpubsub.deliveries AS d
             WHERE d.subscription_key = p_subscription_key AND d.message_id = l.message_id
               AND d.lease_until > now() AND fastpubsub._micros(d.leased_at) = l.leased_micros
             LIMIT 1
-        ) AS h);
+        ) AS h;
 END
 $$;
 
@@ -130,6 +131,7 @@ $$;
 CREATE OR REPLACE FUNCTION fastpubsub.ack(p_subscription_id text, p_ids uuid[])
 RETURNS integer
 LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET enable_bitmapscan = off
 SET enable_hashjoin = off
@@ -148,6 +150,7 @@ CREATE OR REPLACE FUNCTION fastpubsub.nack(
     p_subscription_id text, p_ids uuid[], OUT nacked integer, OUT dead_lettered integer)
 RETURNS record
 LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET enable_bitmapscan = off
 SET enable_hashjoin = off
@@ -168,6 +171,7 @@ $$;
 CREATE OR REPLACE FUNCTION fastpubsub.extend_lease(p_subscription_id text, p_ids uuid[], p_seconds integer)
 RETURNS integer
 LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET enable_bitmapscan = off
 SET enable_hashjoin = off
@@ -182,72 +186,122 @@ $$;
 
 -- Several settlements in one transaction (group commit): p_requests is an
 -- array of {"subscription": id, "action": "ack" | "nack" | "extend",
--- "ids": [...] | "receipts": [...], "seconds": n, "requeue": bool}, done in
--- order. One result per request, in the same order:
+-- "ids": [...] | "receipts": [...], "seconds": n, "requeue": bool}. One result
+-- per request, in the same order:
 -- {"done": n, "dead": n, "ready": n, "streaming": bool, "outcomes": [...]}
 -- (outcomes for receipts only; ready: messages deliverable again at once).
+--
+-- Requests that ask the same of the same subscription (same action, options
+-- and kind) are settled together, in one statement, as if one after the
+-- other in request order: an id or receipt counts for the first request that
+-- names it, and a receipt only when it names the lease that was settled. A
+-- group's `ready` comes with its first request (the others say 0).
 -- All are committed or none is; a caller that gets an error retries the
 -- requests one at a time to find whose it was.
 CREATE OR REPLACE FUNCTION fastpubsub._settle_batch(p_requests jsonb)
 RETURNS TABLE(result jsonb)
 LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET enable_bitmapscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
 AS $$
 DECLARE
-    r jsonb;
+    n integer := coalesce(jsonb_array_length(p_requests), 0);
+    v_results jsonb[] := array_fill(NULL::jsonb, ARRAY[n]);
+    g record;
+    r record;
     s fastpubsub.subscriptions;
-    v_action text;
-    v_receipts text[];
+    v_items text[];
+    v_members integer[];
     v_rows tid[];
+    v_matched bigint[];
     v_done uuid[];
-    v_dead uuid[] := '{}';
+    v_dead uuid[];
     v_ready integer;
     v_nacked record;
-    v_outcomes jsonb;
+    v_member integer;
 BEGIN
-    FOR r IN SELECT value FROM jsonb_array_elements(p_requests) LOOP
-        s := fastpubsub._subscription(r ->> 'subscription');
-        v_action := r ->> 'action';
-        v_receipts := CASE WHEN r ? 'receipts'
-                           THEN ARRAY(SELECT jsonb_array_elements_text(r -> 'receipts')) END;
-        v_rows := CASE WHEN v_receipts IS NOT NULL THEN fastpubsub._held_leases(s.key, v_receipts)
-                       ELSE fastpubsub._held(s.key, ARRAY(SELECT jsonb_array_elements_text(r -> 'ids'))::uuid[])
-                  END;
+    FOR g IN
+        SELECT x.request ->> 'subscription' AS subscription, x.request ->> 'action' AS action,
+               coalesce((x.request ->> 'requeue')::boolean, true) AS requeue,
+               (x.request ->> 'seconds')::integer AS seconds,
+               x.request ? 'receipts' AS by_receipt,
+               array_agg(x.ord::integer ORDER BY x.ord) AS members
+        FROM jsonb_array_elements(p_requests) WITH ORDINALITY AS x(request, ord)
+        GROUP BY 1, 2, 3, 4, 5
+        ORDER BY min(x.ord)
+    LOOP
+        s := fastpubsub._subscription(g.subscription);
+        -- Every id or receipt of the group, in request order, and whose it is.
+        SELECT coalesce(array_agg(e.item ORDER BY m.ord, e.pos), '{}'),
+               coalesce(array_agg(m.member ORDER BY m.ord, e.pos), '{}')
+        INTO v_items, v_members
+        FROM unnest(g.members) WITH ORDINALITY AS m(member, ord)
+        CROSS JOIN LATERAL jsonb_array_elements_text(
+            p_requests -> (m.member - 1) -> CASE WHEN g.by_receipt THEN 'receipts' ELSE 'ids' END)
+            WITH ORDINALITY AS e(item, pos);
+        IF g.by_receipt THEN
+            SELECT coalesce(array_agg(h.row_id), '{}'), coalesce(array_agg(h.pos), '{}')
+            INTO v_rows, v_matched
+            FROM fastpubsub._held_receipts(s.key, v_items) AS h;
+        ELSE
+            v_rows := fastpubsub._held(s.key, v_items::uuid[]);
+        END IF;
         v_dead := '{}';
         v_ready := 0;
-        IF v_action = 'ack' THEN
+        IF g.action = 'ack' THEN
             v_done := fastpubsub._ack_rows(s, v_rows);
-        ELSIF v_action = 'nack' THEN
-            v_nacked := fastpubsub._nack_rows(s, v_rows, coalesce((r ->> 'requeue')::boolean, true));
+        ELSIF g.action = 'nack' THEN
+            v_nacked := fastpubsub._nack_rows(s, v_rows, g.requeue);
             v_done := v_nacked.done;
             v_dead := v_nacked.dead;
             v_ready := v_nacked.ready;
-        ELSIF v_action = 'extend' THEN
-            v_done := fastpubsub._extend_rows(s, v_rows, (r ->> 'seconds')::integer);
-            IF (r ->> 'seconds')::integer = 0 THEN
+        ELSIF g.action = 'extend' THEN
+            v_done := fastpubsub._extend_rows(s, v_rows, g.seconds);
+            IF g.seconds = 0 THEN
                 v_ready := cardinality(v_done);
             END IF;
         ELSE
-            RAISE EXCEPTION 'unknown settlement "%"', v_action USING ERRCODE = 'FP422';
+            RAISE EXCEPTION 'unknown settlement "%"', g.action USING ERRCODE = 'FP422';
         END IF;
-        v_outcomes := NULL;
-        IF v_receipts IS NOT NULL THEN
-            SELECT jsonb_agg(CASE WHEN l.message_id IS NULL THEN 'invalid receipt'
-                                  WHEN l.message_id = ANY (v_dead) THEN 'dead_lettered'
-                                  WHEN l.message_id = ANY (v_done) THEN
-                                      CASE v_action WHEN 'ack' THEN 'acknowledged'
-                                                    WHEN 'nack' THEN 'nacked' ELSE 'extended' END
-                                  ELSE 'lease not held' END ORDER BY r.ord)
-            INTO v_outcomes
-            FROM unnest(v_receipts) WITH ORDINALITY AS r(receipt, ord)
-            CROSS JOIN LATERAL fastpubsub._receipt_lease(r.receipt) AS l;
-        END IF;
-        result := jsonb_build_object(
-            'done', cardinality(v_done), 'dead', cardinality(v_dead), 'ready', v_ready,
-            'streaming', coalesce(s.streaming_until > now(), false), 'outcomes', v_outcomes);
+        FOR r IN
+            WITH items AS (
+                SELECT e.member, e.pos, e.item,
+                       CASE WHEN g.by_receipt THEN (fastpubsub._receipt_lease(e.item)).message_id
+                            ELSE e.item::uuid END AS message_id,
+                       min(e.member) OVER (PARTITION BY e.item) AS first_member
+                FROM unnest(v_members, v_items) WITH ORDINALITY AS e(member, item, pos)
+            ), settled AS (
+                SELECT i.member, i.pos, i.message_id,
+                       i.member = i.first_member AND i.message_id = ANY (v_done)
+                       AND (NOT g.by_receipt OR i.pos = ANY (v_matched)) AS here
+                FROM items AS i
+            )
+            SELECT t.member,
+                   count(DISTINCT t.message_id) FILTER (WHERE t.here) AS done,
+                   count(DISTINCT t.message_id) FILTER (WHERE t.here AND t.message_id = ANY (v_dead)) AS dead,
+                   CASE WHEN g.by_receipt THEN
+                       jsonb_agg(CASE WHEN t.message_id IS NULL THEN 'invalid receipt'
+                                      WHEN t.here AND t.message_id = ANY (v_dead) THEN 'dead_lettered'
+                                      WHEN t.here THEN CASE g.action WHEN 'ack' THEN 'acknowledged'
+                                                                     WHEN 'nack' THEN 'nacked' ELSE 'extended' END
+                                      ELSE 'lease not held' END ORDER BY t.pos)
+                   END AS outcomes
+            FROM settled AS t
+            GROUP BY t.member
+        LOOP
+            v_results[r.member] := jsonb_build_object('done', r.done, 'dead', r.dead, 'outcomes', r.outcomes);
+        END LOOP;
+        FOREACH v_member IN ARRAY g.members LOOP
+            v_results[v_member] := coalesce(v_results[v_member], '{"done": 0, "dead": 0, "outcomes": null}')
+                || jsonb_build_object('ready', CASE WHEN v_member = g.members[1] THEN v_ready ELSE 0 END,
+                                      'streaming', coalesce(s.streaming_until > now(), false));
+        END LOOP;
+    END LOOP;
+    FOR i IN 1 .. n LOOP
+        result := v_results[i];
         RETURN NEXT;
     END LOOP;
 END

@@ -46,15 +46,38 @@ def test_requests_keep_their_ids_order_and_fan_out(topics: psycopg.Connection) -
         ],
     )
     assert [len(row[0]) for row in rows] == [2, 1, 1, 1]
-    ids = [message_id for row in rows for message_id in row[0]]
-    assert ids[:2] + ids[3:] == sorted(ids[:2] + ids[3:])  # one order, across requests
+    topic_a = rows[0][0] + rows[2][0] + rows[3][0]
+    assert topic_a == sorted(topic_a)  # within a topic, in request order (envelopes or not)
+    # The subscriptions fed come once per topic, with its first request.
     assert [(row[1], row[2]) for row in rows] == [
-        (["a-all", "a-br"], [2, 1]),
+        (["a-all", "a-br"], [3, 1]),  # n 1, 2 and 5 now, n 4 later; a-br: n 1
         (["b-all"], [1]),
-        (["a-all"], [0]),  # delayed: nothing deliverable yet
-        (["a-all"], [1]),
+        ([], []),
+        ([], []),
     ]
     assert [row[1]["n"] for row in consume(topics, "a-all", n=10)] == [1, 2, 5]  # publish order
+
+
+def test_requests_of_one_topic_are_published_together(topics: psycopg.Connection) -> None:
+    """Every request keeps its own ids, order and idempotency, as one after the other would."""
+    rows = publish_batch(
+        topics,
+        [
+            ("a", [{"payload": {"n": 1}, "idempotency_key": "k"}], True),
+            ("a", [{"n": 2}, {"n": 3}], False),
+            (
+                "a",
+                [{"payload": {"n": 4}, "idempotency_key": "k"}, {"payload": {"n": 5}, "priority": 3}],
+                True,
+            ),
+        ],
+    )
+    assert [len(row[0]) for row in rows] == [1, 2, 2]
+    assert rows[2][0][0] == rows[0][0][0]  # the repeated key names the first message
+    assert rows[0][0] + rows[1][0] == sorted(rows[0][0] + rows[1][0])
+    got = consume(topics, "a-all", n=10)
+    assert [row[1]["n"] for row in got] == [5, 1, 2, 3]  # priority first, then publish order
+    assert [row[0] for row in got] == [rows[2][0][1], rows[0][0][0], *rows[1][0]]
 
 
 def test_one_bad_request_fails_the_whole_batch_and_nothing_is_stored(topics: psycopg.Connection) -> None:

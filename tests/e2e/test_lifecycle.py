@@ -164,9 +164,10 @@ def test_clients_that_hang_up_before_their_answer_never_take_a_worker_down(
     # Consumes, long-polls and publishes whose clients close their sockets at
     # once: the server writes each answer to a connection nobody reads any more.
     requests = [
-        b"GET /subscriptions/s/messages?consumer_id=gone&batch_size=1000&wait_seconds=1 HTTP/1.1\r\nHost: t\r\n\r\n",
+        b"GET /subscriptions/s/messages?consumer_id=gone&batch_size=1000&wait_seconds=1 HTTP/1.1\r\n"
+        b"Host: t\r\n\r\n",
         b"POST /topics/t/messages HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-        b"Content-Length: 12\r\n\r\n[{\"n\": 1}]  ",
+        b'Content-Length: 12\r\n\r\n[{"n": 1}]  ',
     ]
     for _ in range(3):
         sockets = []
