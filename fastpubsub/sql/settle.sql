@@ -219,6 +219,9 @@ DECLARE
     v_matched bigint[];
     v_done uuid[];
     v_dead uuid[];
+    v_done_set jsonb;
+    v_dead_set jsonb;
+    v_matched_set jsonb;
     v_ready integer;
     v_nacked record;
     v_member integer;
@@ -266,6 +269,11 @@ BEGIN
         ELSE
             RAISE EXCEPTION 'unknown settlement "%"', g.action USING ERRCODE = 'FP422';
         END IF;
+        -- Sets to look items up in (jsonb objects: each lookup a binary search,
+        -- where scanning the arrays would cost the group's size squared).
+        v_done_set := coalesce((SELECT jsonb_object_agg(d, true) FROM unnest(v_done) AS d), '{}');
+        v_dead_set := coalesce((SELECT jsonb_object_agg(d, true) FROM unnest(v_dead) AS d), '{}');
+        v_matched_set := coalesce((SELECT jsonb_object_agg(m, true) FROM unnest(v_matched) AS m), '{}');
         FOR r IN
             WITH items AS (
                 SELECT e.member, e.pos, e.item,
@@ -275,16 +283,17 @@ BEGIN
                 FROM unnest(v_members, v_items) WITH ORDINALITY AS e(member, item, pos)
             ), settled AS (
                 SELECT i.member, i.pos, i.message_id,
-                       i.member = i.first_member AND i.message_id = ANY (v_done)
-                       AND (NOT g.by_receipt OR i.pos = ANY (v_matched)) AS here
+                       i.member = i.first_member AND v_done_set ? i.message_id::text
+                       AND (NOT g.by_receipt OR v_matched_set ? i.pos::text) AS here,
+                       v_dead_set ? i.message_id::text AS dead
                 FROM items AS i
             )
             SELECT t.member,
                    count(DISTINCT t.message_id) FILTER (WHERE t.here) AS done,
-                   count(DISTINCT t.message_id) FILTER (WHERE t.here AND t.message_id = ANY (v_dead)) AS dead,
+                   count(DISTINCT t.message_id) FILTER (WHERE t.here AND t.dead) AS dead,
                    CASE WHEN g.by_receipt THEN
                        jsonb_agg(CASE WHEN t.message_id IS NULL THEN 'invalid receipt'
-                                      WHEN t.here AND t.message_id = ANY (v_dead) THEN 'dead_lettered'
+                                      WHEN t.here AND t.dead THEN 'dead_lettered'
                                       WHEN t.here THEN CASE g.action WHEN 'ack' THEN 'acknowledged'
                                                                      WHEN 'nack' THEN 'nacked' ELSE 'extended' END
                                       ELSE 'lease not held' END ORDER BY t.pos)

