@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import gc
 import logging
 import math
 import multiprocessing
@@ -39,6 +40,9 @@ logger = logging.getLogger("fastpubsub.server")
 YIELD_SECONDS = 0.002
 MAX_YIELDS = 5
 SLOTS = 128  # workers beyond this many accept freely
+
+# Collector thresholds for a serving worker (Python's defaults: 700, 10, 10).
+GC_THRESHOLDS = (7000, 10, 100)
 
 # One slot per worker: its pid and how many connections it holds. Created when
 # the master imports this module, before it forks any worker.
@@ -91,6 +95,26 @@ def least_busy_elsewhere(slot: int) -> int | None:
     return fewest
 
 
+def tune_garbage_collector() -> None:
+    """Keep the cyclic garbage collector from pausing a worker that holds many connections.
+
+    A full collection walks every tracked object, and Python runs one whenever
+    the objects that survived young collections have grown by a quarter: a
+    worker taking on thousands of streams (clients reconnecting after a
+    deploy) then ran a full collection every few hundred new connections, each
+    longer than the one before, up to seconds with 5,000 streams, during which
+    it answered nothing. Here everything alive once the application has started
+    (modules, settings, pools) is moved out of the collector's sight
+    (`gc.freeze`), and young collections run ten times less often, so that a
+    full one comes at most every ~7 million net allocations (at most once while
+    10,000 streams open) instead of at every quarter's growth. Garbage without
+    cycles is freed at once as always; cyclic garbage waits a little longer.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 class SharingServer(Server):
     """A uvicorn server that accepts connections itself, one at a time, sharing them out."""
 
@@ -106,6 +130,7 @@ class SharingServer(Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         # Run uvicorn's start-up (lifespan, state) without letting it create servers.
         await super().startup(sockets=[])
+        tune_garbage_collector()
         self._slot = claim_slot()
         loop = asyncio.get_running_loop()
         for listener in sockets or []:
