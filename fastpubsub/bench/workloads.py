@@ -271,19 +271,45 @@ async def http_end_to_end(
     expected = int(rate * seconds)
     path = f"/subscriptions/{subscription}"
 
+    # Acks go out on a connection of their own, one request at a time carrying
+    # whatever has been received meanwhile, as the SDK's Subscriber sends them:
+    # the next long-poll does not wait for the last batch's ack.
+    acker = connect()
+    unacked: list[str] = []
+    wake = asyncio.Event()
+    finished = False
+
+    async def ack_as_received() -> None:
+        while unacked or not finished:
+            if not unacked:
+                wake.clear()
+                await wake.wait()
+                continue
+            ids = unacked[:]
+            unacked.clear()
+            await acker.post(f"{path}/acks", orjson.dumps(ids), expect=204)
+
     async def consumer() -> None:
+        nonlocal finished
         received = 0
         params = {"consumer_id": "e2e", "batch_size": 100, "wait_seconds": 5}
-        while received < expected:
-            messages = orjson.loads(await reader.get(f"{path}/messages", params=params))["data"]
-            now = time.perf_counter()
-            for message in messages:
-                latencies.append(now - message["payload"]["sent"])
-            received += len(messages)
-            if messages:
-                if progress is not None:
-                    progress(len(messages))
-                await reader.post(f"{path}/acks", orjson.dumps([m["id"] for m in messages]), expect=204)
+        acking = asyncio.create_task(ack_as_received())
+        try:
+            while received < expected:
+                messages = orjson.loads(await reader.get(f"{path}/messages", params=params))["data"]
+                now = time.perf_counter()
+                for message in messages:
+                    latencies.append(now - message["payload"]["sent"])
+                received += len(messages)
+                if messages:
+                    if progress is not None:
+                        progress(len(messages))
+                    unacked.extend(m["id"] for m in messages)
+                    wake.set()
+        finally:
+            finished = True
+            wake.set()
+            await acking
 
     context = multiprocessing.get_context("spawn")
     processes = max(1, math.ceil(rate / 1000))
@@ -303,6 +329,7 @@ async def http_end_to_end(
         await asyncio.wait_for(listening, timeout=seconds + 30)
     finally:
         reader.close()
+        acker.close()
         for each in publishers:
             await asyncio.to_thread(each.join, 10)
             if each.is_alive():
