@@ -30,6 +30,14 @@ class InvalidInputError(FastPubSubError):
     """The input is not valid."""
 
 
+class BacklogFullError(FastPubSubError):
+    """A subscription's backlog is at its max_backlog: nothing was published."""
+
+    def __init__(self, message: str | None = None, subscription_id: str | None = None) -> None:
+        super().__init__(message)
+        self.subscription_id = subscription_id
+
+
 class PayloadTooLargeError(FastPubSubError):
     """The message or request is larger than the configured limit."""
 

@@ -12,6 +12,17 @@ from uuid import UUID
 class Topic:
     id: str
     created_at: datetime
+    retention_seconds: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TopicStats:
+    """A topic's retained messages and recent publishing (topic_stats)."""
+
+    messages_retained: int
+    published_last_minute: int
+    published_last_hour: int
+    oldest_message_age_seconds: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +36,34 @@ class Subscription:
     ack_deadline_seconds: int
     created_at: datetime
     updated_at: datetime
+    retry_policy: str = "exponential"
+    retry_jitter: float = 0.0
+    message_ttl_seconds: int | None = None
+    expiry_policy: str = "drop"
+    max_backlog: int | None = None
+    backlog_policy: str = "reject"
+    backfilling: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class BackfillResult:
+    added: int
+    done: bool
+    busy: bool = False  # another transaction holds the subscription: nothing was done
+
+
+@dataclass(frozen=True, slots=True)
+class PeekedMessage:
+    """A message waiting in a subscription, as peek shows it (nothing leased)."""
+
+    id: UUID
+    payload: Any
+    attempts: int
+    created_at: datetime
+    attributes: dict[str, str] | None
+    priority: int
+    state: str
+    expires_at: datetime | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +112,8 @@ class SubscriptionMetrics:
     acked: int
     dlq: int
     oldest_available_age_seconds: float
+    expired: int = 0
+    dropped: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +123,15 @@ class SubscriptionBacklog:
     subscription_id: str
     topic_id: str
     metrics: SubscriptionMetrics
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSubscriptionMetrics:
+    """Metrics of one subscription of a topic, with its backlog limit (topic stats)."""
+
+    subscription_id: str
+    metrics: SubscriptionMetrics
+    max_backlog: int | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,8 +10,8 @@ from __future__ import annotations
 ADMIN_SCOPE = "*"
 # Every scope the API knows, by resource; object-specific forms append ":<id>".
 SCOPES = {
-    "topics": ("create", "read", "delete", "publish", "subscribe"),
-    "subscriptions": ("create", "read", "update", "delete", "consume"),
+    "topics": ("create", "read", "update", "delete", "publish", "subscribe"),
+    "subscriptions": ("create", "read", "update", "delete", "consume", "peek"),
     "clients": ("create", "update", "read", "delete"),
     "metrics": ("read",),
 }
@@ -23,6 +23,8 @@ SCOPE_DESCRIPTIONS = {
         for action in actions
     },
     "topics:subscribe": "Create subscriptions on topics (with subscriptions:create)",
+    "topics:update": "Change topics (retention)",
+    "subscriptions:peek": "Look at waiting messages without leasing them (read-only)",
     "metrics:read": "Read /metrics",
 }
 # A space-separated scope list as a regular expression (the OpenAPI document states it).

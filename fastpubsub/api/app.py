@@ -16,6 +16,7 @@ from prometheus_fastapi_instrumentator import metrics as prometheus_metrics
 
 from fastpubsub import __version__, migrate
 from fastpubsub.api import docs, errors
+from fastpubsub.api.backfill import Backfills
 from fastpubsub.api.delivery import Delivery
 from fastpubsub.api.deps import ClientStateCache
 from fastpubsub.api.fastpath import FastPath
@@ -79,16 +80,19 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
         max_batch=settings.group_commit_max_batch,
         stream_outage_seconds=settings.stream_outage_seconds,
     )
+    backfills = Backfills(db, hub)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await hub.start()
         RUNNING_HUBS.add(hub)
+        await backfills.resume()
         log.info("fastpubsub API ready", extra={"auth_enabled": settings.auth_enabled})
         try:
             yield
         finally:
             RUNNING_HUBS.discard(hub)
+            await backfills.stop()
             await hub.stop()
             for group in (delivery.publishes, delivery.consumes, delivery.settlements):
                 await group.drain()
@@ -110,6 +114,7 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
     app.state.database = db
     app.state.hub = hub
     app.state.delivery = delivery
+    app.state.backfills = backfills
     app.state.client_cache = ClientStateCache(ttl=settings.auth_client_cache_seconds)
     app.state.schema_expectation = migrate.schema_expectation()
     app.state.token_failures = FailedAttempts(

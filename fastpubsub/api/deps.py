@@ -13,6 +13,7 @@ from fastapi.openapi.models import OAuthFlowClientCredentials, OAuthFlows
 from fastapi.security import OAuth2
 
 from fastpubsub import auth
+from fastpubsub.api.backfill import Backfills
 from fastpubsub.api.delivery import Delivery
 from fastpubsub.db import Database
 from fastpubsub.exceptions import AuthenticationError, PermissionDeniedError
@@ -91,7 +92,13 @@ async def get_delivery(request: Request) -> Delivery:
     return delivery
 
 
+async def get_backfills(request: Request) -> Backfills:
+    backfills: Backfills = request.app.state.backfills
+    return backfills
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+BackfillsDep = Annotated[Backfills, Depends(get_backfills)]
 DatabaseDep = Annotated[Database, Depends(get_database)]
 DeliveryDep = Annotated[Delivery, Depends(get_delivery)]
 

@@ -17,6 +17,7 @@ from starlette.routing import BaseRoute, Route
 from fastpubsub.exceptions import (
     AlreadyExistsError,
     AuthenticationError,
+    BacklogFullError,
     ConfigurationError,
     DatabaseUnavailableError,
     FastPubSubError,
@@ -35,6 +36,7 @@ STATUS = {
     AlreadyExistsError: 409,
     InvalidInputError: 422,
     PayloadTooLargeError: 413,
+    BacklogFullError: 429,
     DatabaseUnavailableError: 503,
     StatementTimeoutError: 503,
     # The server's own set-up is wrong (e.g. the database is not migrated): not the client's doing.
@@ -51,6 +53,7 @@ DESCRIPTIONS = {
     413: "A message or the request is larger than the configured limit",
     415: "Not JSON: with auth off, POST, PUT and PATCH must send Content-Type: application/json",
     422: "Invalid input",
+    429: "A subscription of the topic is full (max_backlog, backlog_policy reject): nothing was published",
     503: "The database is unreachable; retry shortly",
 }
 

@@ -7,7 +7,7 @@ nothing of the server: pydantic and fastpubsub.jsoncodec only.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
 from uuid import UUID
 
 from pydantic import (
@@ -97,18 +97,112 @@ class Page(BaseModel, Generic[T]):
     data: list[T]
 
 
+# Bounds of the time-based options (ten years at most).
+MAX_RETENTION_SECONDS = 315360000
+MAX_TTL_SECONDS = 315360000
+MAX_PEEK = 100
+
+RetentionSeconds = Annotated[
+    StrictInt,
+    Field(
+        ge=60,
+        le=MAX_RETENTION_SECONDS,
+        description="Cleanup (cleanup-acked-messages) deletes the topic's messages once they are this old, "
+        "delivered or not; pending ones count as expired",
+    ),
+]
+
+
 # -- topics -------------------------------------------------------------------
 class TopicCreate(Body):
     id: ObjectId
+    retention_seconds: RetentionSeconds | None = None
+
+
+class TopicUpdate(Body):
+    """The fields to change; `"retention_seconds": null` removes the retention."""
+
+    retention_seconds: RetentionSeconds | None = None
 
 
 class TopicOut(BaseModel):
     id: str
     created_at: datetime
+    retention_seconds: int | None = Field(default=None, description="null: no retention of its own")
+
+
+class SubscriptionStats(BaseModel):
+    subscription_id: str
+    backlog: int = Field(description="Waiting, in flight or delayed: what max_backlog limits")
+    available: int = Field(description="Deliverable now")
+    in_flight: int = Field(description="Leased to a consumer")
+    delayed: int = Field(description="Waiting for a delay or a retry backoff to end")
+    dlq: int = Field(description="Dead-lettered")
+    acked: int = Field(description="Acked and not cleaned up yet")
+    expired: int = Field(description="Expired (TTL or retention) since the subscription was created")
+    dropped: int = Field(description="Dropped to make room (backlog_policy drop_oldest)")
+    oldest_available_age_seconds: float = Field(description="Age of the oldest deliverable message")
+    max_backlog: int | None
+
+
+class TopicStatsOut(BaseModel):
+    topic_id: str
+    retention_seconds: int | None
+    messages_retained: int = Field(description="Stored and not cleaned up yet, delivered or not")
+    published_last_minute: int = Field(description="Messages published in the last minute (still retained)")
+    published_last_hour: int = Field(description="Messages published in the last hour (still retained)")
+    oldest_message_age_seconds: float = Field(description="Age of the oldest retained message")
+    subscriptions: list[SubscriptionStats]
 
 
 # -- subscriptions ------------------------------------------------------------
-class SubscriptionCreate(Body):
+RetryPolicy = Literal["fixed", "linear", "exponential"]
+ExpiryPolicy = Literal["drop", "dead_letter"]
+BacklogPolicy = Literal["reject", "drop_oldest"]
+
+
+class _Policies(Body):
+    """Delivery policy fields a subscription is created with, and changed by (PATCH)."""
+
+    max_delivery_attempts: StrictInt | None = Field(default=None, ge=1, le=1000)
+    backoff_min_seconds: StrictInt | None = Field(
+        default=None, ge=0, le=86400, description="The retry policy's base (fixed: the whole wait)"
+    )
+    backoff_max_seconds: StrictInt | None = Field(
+        default=None, ge=0, le=86400, description="The longest wait before a retry"
+    )
+    ack_deadline_seconds: StrictInt | None = Field(default=None, ge=1, le=3600, description="Lease length")
+    retry_policy: RetryPolicy | None = Field(
+        default=None,
+        description="Wait before a retry after the n-th failed attempt: fixed (backoff_min), linear "
+        "(backoff_min * n) or exponential (backoff_min * 2^(n-1), the default), at most backoff_max",
+    )
+    retry_jitter: StrictNumber | None = Field(
+        default=None, ge=0, le=1, description="Take up to this fraction off each wait, at random (default 0)"
+    )
+    message_ttl_seconds: StrictInt | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_TTL_SECONDS,
+        description="Messages older than this are never delivered (expiry_policy says what becomes of them)",
+    )
+    expiry_policy: ExpiryPolicy | None = Field(
+        default=None, description="Expired messages are dropped (default) or dead-lettered"
+    )
+    max_backlog: StrictInt | None = Field(
+        default=None,
+        ge=1,
+        le=1000000000,
+        description="Messages waiting, in flight or delayed at most (dead letters do not count)",
+    )
+    backlog_policy: BacklogPolicy | None = Field(
+        default=None,
+        description="Beyond max_backlog: reject the publish (429, the default) or drop the oldest waiting "
+        "messages to make room",
+    )
+
+
+class SubscriptionCreate(_Policies):
     id: ObjectId
     topic_id: ObjectId
     filter: FilterObject | None = Field(
@@ -116,10 +210,12 @@ class SubscriptionCreate(Body):
         description='Messages to deliver, e.g. {"country": ["BR", "US"]}; null or {} delivers everything',
         examples=[{"country": ["BR", "US"]}],
     )
-    max_delivery_attempts: StrictInt | None = Field(default=None, ge=1, le=1000)
-    backoff_min_seconds: StrictInt | None = Field(default=None, ge=0, le=86400)
-    backoff_max_seconds: StrictInt | None = Field(default=None, ge=0, le=86400)
-    ack_deadline_seconds: StrictInt | None = Field(default=None, ge=1, le=3600, description="Lease length")
+    start: Literal["latest", "earliest"] | TextTime = Field(
+        default="latest",
+        description="Where it starts: `latest` (messages published from now on), `earliest` (also every "
+        "message of the topic still retained) or a time (also those retained published from then on); "
+        "retained messages are added in batches after the answer (see `backfilling`)",
+    )
 
 
 class SubscriptionOut(BaseModel):
@@ -132,6 +228,15 @@ class SubscriptionOut(BaseModel):
     ack_deadline_seconds: int
     created_at: datetime
     updated_at: datetime
+    retry_policy: RetryPolicy = "exponential"
+    retry_jitter: float = 0.0
+    message_ttl_seconds: int | None = None
+    expiry_policy: ExpiryPolicy = "drop"
+    max_backlog: int | None = None
+    backlog_policy: BacklogPolicy = "reject"
+    backfilling: bool = Field(
+        default=False, description="Retained messages its start position asked for are still being added"
+    )
 
 
 # -- messages -----------------------------------------------------------------
@@ -196,11 +301,20 @@ class PublishMessage(Body):
     )
     deliver_at: TextTime | None = Field(default=None, description="Deliver no sooner than this time")
     priority: StrictInt = Field(default=0, ge=0, le=9, description="Higher is delivered first")
+    ttl_seconds: StrictNumber | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_TTL_SECONDS,
+        description="Never delivered once this old: dropped or dead-lettered, as each subscription says",
+    )
+    expires_at: TextTime | None = Field(default=None, description="Never delivered from this time on")
 
     @model_validator(mode="after")
     def _one_delay(self) -> PublishMessage:
         if self.delay_seconds is not None and self.deliver_at is not None:
             raise ValueError("give delay_seconds or deliver_at, not both")
+        if self.ttl_seconds is not None and self.expires_at is not None:
+            raise ValueError("give ttl_seconds or expires_at, not both")
         return self
 
 
@@ -233,16 +347,24 @@ class PublishResponse(BaseModel):
     )
 
 
-class SubscriptionUpdate(Body):
-    """The fields to change; leave out what stays. `filter: null` removes the filter."""
+class SubscriptionUpdate(_Policies):
+    """The fields to change; leave out what stays. `null` removes the filter, the message TTL or the
+    backlog limit (for the other fields it changes nothing)."""
 
     filter: FilterObject | None = Field(
         default=None, examples=[{"user.country": ["BR"], "amount": {"$gte": 100}}]
     )
-    max_delivery_attempts: StrictInt | None = Field(default=None, ge=1, le=1000)
-    backoff_min_seconds: StrictInt | None = Field(default=None, ge=0, le=86400)
-    backoff_max_seconds: StrictInt | None = Field(default=None, ge=0, le=86400)
-    ack_deadline_seconds: StrictInt | None = Field(default=None, ge=1, le=3600)
+
+    # Fields that `null` removes; for the others null leaves the value as it is.
+    CLEARABLE: ClassVar[frozenset[str]] = frozenset({"filter", "message_ttl_seconds", "max_backlog"})
+
+    def changes(self) -> dict[str, Any]:
+        """The fields sent, as update_subscription takes them."""
+        return {
+            name: getattr(self, name)
+            for name in self.model_fields_set
+            if getattr(self, name) is not None or name in self.CLEARABLE
+        }
 
 
 class SeekRequest(Body):
@@ -314,6 +436,20 @@ class LeaseResults(BaseModel):
     failed: list[Failed]
 
 
+class PeekedMessageOut(BaseModel):
+    id: UUID
+    payload: dict[str, Any]
+    attributes: dict[str, str] | None = None
+    priority: int
+    delivery_attempts: int = Field(description="Deliveries so far")
+    created_at: datetime
+    state: Literal["available", "due", "expired"] = Field(
+        description="`available`: waiting in the queue; `due`: a retry or delayed message whose time has "
+        "come (it joins the queue at the next consume); `expired`: past its TTL, never delivered"
+    )
+    expires_at: datetime | None = Field(default=None, description="When it expires (null: never)")
+
+
 class MetricsOut(BaseModel):
     subscription_id: str
     available: int = Field(description="Deliverable now")
@@ -325,6 +461,8 @@ class MetricsOut(BaseModel):
     acked: int = Field(description="Acked and not cleaned up yet")
     dlq: int = Field(description="Dead-lettered")
     oldest_available_age_seconds: float = Field(description="Age of the oldest deliverable message")
+    expired: int = Field(default=0, description="Expired (TTL or retention) and not delivered")
+    dropped: int = Field(default=0, description="Dropped to make room (backlog_policy drop_oldest)")
 
 
 # -- clients and tokens -------------------------------------------------------

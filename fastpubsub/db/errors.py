@@ -15,6 +15,7 @@ from sqlalchemy import exc as sa_exc
 from fastpubsub.db.urls import mask_url
 from fastpubsub.exceptions import (
     AlreadyExistsError,
+    BacklogFullError,
     ConfigurationError,
     DatabaseUnavailableError,
     FastPubSubError,
@@ -33,6 +34,13 @@ _CHECK_MESSAGES = {
     "subscriptions_backoff_min_seconds_range": "backoff_min_seconds must be between 0 and 86400",
     "subscriptions_backoff_max_seconds_range": "backoff_max_seconds must be between 0 and 86400",
     "subscriptions_ack_deadline_seconds_range": "ack_deadline_seconds must be between 1 and 3600",
+    "subscriptions_retry_jitter_range": "retry_jitter must be between 0 and 1",
+    "subscriptions_message_ttl_seconds_range": "message_ttl_seconds must be between 1 and 315360000",
+    "subscriptions_max_backlog_range": "max_backlog must be between 1 and 1000000000",
+    "subscriptions_retry_policy_values": "retry_policy must be fixed, linear or exponential",
+    "subscriptions_expiry_policy_values": "expiry_policy must be drop or dead_letter",
+    "subscriptions_backlog_policy_values": "backlog_policy must be reject or drop_oldest",
+    "topics_retention_seconds_range": "retention_seconds must be between 60 and 315360000",
     "subscriptions_backoff_order": "backoff_max_seconds must be >= backoff_min_seconds",
     "clients_name_length": "name must be 1-200 characters",
 }
@@ -117,6 +125,8 @@ def translate_error(exc: BaseException) -> FastPubSubError | None:
         return NotFoundError(primary)
     if state == "FP422":
         return InvalidInputError(primary)
+    if state == "FP429":
+        return BacklogFullError(primary, (diag.message_detail if diag is not None else None) or None)
     if state == "23505":
         constraint = diag.constraint_name if diag is not None else None
         kind = _UNIQUE_OBJECTS.get(constraint or "", "object")

@@ -23,18 +23,22 @@ from fastpubsub.db.pool import HeldConnections
 from fastpubsub.db.urls import sync_url
 from fastpubsub.exceptions import NotFoundError
 from fastpubsub.models import (
+    BackfillResult,
     CleanupResult,
     Client,
     ClientCredentials,
     ClientTokenState,
     Message,
     NackResult,
+    PeekedMessage,
     SeekResult,
     StuckCleanupResult,
     Subscription,
     SubscriptionBacklog,
     SubscriptionMetrics,
     Topic,
+    TopicStats,
+    TopicSubscriptionMetrics,
 )
 from fastpubsub.sql.source import driver_queries
 
@@ -155,9 +159,25 @@ class Database:
         return str(rows[0].version_num) if rows else None
 
     # -- topics --------------------------------------------------------------
-    async def create_topic(self, topic_id: str) -> Topic:
-        row = await self._one("create_topic", id=topic_id)
+    async def create_topic(self, topic_id: str, *, retention_seconds: int | None = None) -> Topic:
+        options = {"retention_seconds": retention_seconds} if retention_seconds is not None else None
+        row = await self._one("create_topic", id=topic_id, options=_json(options))
         return Topic(*row)
+
+    async def update_topic(self, topic_id: str, changes: dict[str, Any]) -> Topic:
+        """Set the options named in `changes` (a None value clears one), e.g. retention_seconds."""
+        row = await self._one("update_topic", id=topic_id, changes=_json(changes))
+        return Topic(*row)
+
+    async def topic_stats(self, topic_id: str) -> TopicStats:
+        """Messages retained and recently published (FP404 for an unknown topic)."""
+        row = await self._one("topic_stats", topic_id=topic_id)
+        return TopicStats(*row)
+
+    async def topic_subscription_metrics(self, topic_id: str) -> list[TopicSubscriptionMetrics]:
+        """The metrics of every subscription of a topic, by id."""
+        rows = await self._rows("topic_subscription_metrics", topic_id=topic_id)
+        return [TopicSubscriptionMetrics(row[0], SubscriptionMetrics(*row[1:9]), row[9]) for row in rows]
 
     async def get_topic(self, topic_id: str) -> Topic:
         row = await self._one("get_topic", f'topic "{topic_id}" not found', id=topic_id)
@@ -171,27 +191,30 @@ class Database:
 
     # -- subscriptions -------------------------------------------------------
     async def create_subscription(
-        self,
-        subscription_id: str,
-        topic_id: str,
-        *,
-        filter: Any = None,
-        max_delivery_attempts: int | None = None,
-        backoff_min_seconds: int | None = None,
-        backoff_max_seconds: int | None = None,
-        ack_deadline_seconds: int | None = None,
+        self, subscription_id: str, topic_id: str, *, start: str | None = None, **options: Any
     ) -> Subscription:
+        """A new subscription; `options` are create_subscription's (filter, max_delivery_attempts, ...,
+        max_backlog, backlog_policy); None takes the default. `start`: "latest" (None), "earliest" or an
+        ISO 8601 time; the retained messages are then added by `backfill`."""
+        given = {name: value for name, value in options.items() if value is not None}
         row = await self._one(
-            "create_subscription",
-            id=subscription_id,
-            topic_id=topic_id,
-            filter=_json(filter),
-            max_delivery_attempts=max_delivery_attempts,
-            backoff_min_seconds=backoff_min_seconds,
-            backoff_max_seconds=backoff_max_seconds,
-            ack_deadline_seconds=ack_deadline_seconds,
+            "create_subscription", id=subscription_id, topic_id=topic_id, options=_json(given), start=start
         )
         return Subscription(*row)
+
+    async def backfill(self, subscription_id: str, batch_size: int = 5000) -> BackfillResult:
+        """Add one batch of the retained messages a subscription's start position asked for."""
+        row = await self._one("backfill", subscription_id=subscription_id, batch_size=batch_size)
+        return BackfillResult(int(row.added), bool(row.done), bool(row.busy))
+
+    async def pending_backfills(self) -> list[str]:
+        """Subscriptions whose retained messages are still being added."""
+        return [row.id for row in await self._rows("pending_backfills")]
+
+    async def peek(self, subscription_id: str, limit: int = 10) -> list[PeekedMessage]:
+        """The next messages consume would deliver, leasing nothing."""
+        rows = await self._rows("peek", subscription_id=subscription_id, limit=limit)
+        return [PeekedMessage(*row) for row in rows]
 
     async def get_subscription(self, subscription_id: str) -> Subscription:
         row = await self._one(
@@ -203,28 +226,10 @@ class Database:
         rows = await self._rows("list_subscriptions", offset=offset, limit=limit)
         return [Subscription(*row) for row in rows]
 
-    async def update_subscription(
-        self,
-        subscription_id: str,
-        *,
-        set_filter: bool = False,
-        filter: Any = None,
-        max_delivery_attempts: int | None = None,
-        backoff_min_seconds: int | None = None,
-        backoff_max_seconds: int | None = None,
-        ack_deadline_seconds: int | None = None,
-    ) -> Subscription:
-        """Change the filter (when set_filter) and the policies given; None keeps a value."""
-        row = await self._one(
-            "update_subscription",
-            id=subscription_id,
-            set_filter=set_filter,
-            filter=_json(filter),
-            max_delivery_attempts=max_delivery_attempts,
-            backoff_min_seconds=backoff_min_seconds,
-            backoff_max_seconds=backoff_max_seconds,
-            ack_deadline_seconds=ack_deadline_seconds,
-        )
+    async def update_subscription(self, subscription_id: str, changes: dict[str, Any]) -> Subscription:
+        """Set the fields named in `changes` (None: the filter, TTL or backlog limit removed, a policy
+        back to its default); others stay."""
+        row = await self._one("update_subscription", id=subscription_id, changes=_json(changes))
         return Subscription(*row)
 
     async def seek(self, subscription_id: str, time: datetime) -> SeekResult:

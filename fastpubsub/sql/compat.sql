@@ -28,3 +28,31 @@ LANGUAGE sql VOLATILE
 AS $$
     SELECT * FROM fastpubsub.cleanup_stuck(p_lock_timeout_seconds)
 $$;
+
+-- (release 0.2: revision 0007) Create a subscription with positional
+-- policies; use create_subscription(id, topic_id, options, start).
+CREATE OR REPLACE FUNCTION fastpubsub.create_subscription(
+    p_id text, p_topic_id text, p_filter jsonb, p_max_delivery_attempts integer, p_backoff_min_seconds integer,
+    p_backoff_max_seconds integer, p_ack_deadline_seconds integer)
+RETURNS fastpubsub.subscriptions
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT fastpubsub.create_subscription(p_id, p_topic_id, jsonb_build_object(
+        'filter', p_filter, 'max_delivery_attempts', p_max_delivery_attempts,
+        'backoff_min_seconds', p_backoff_min_seconds, 'backoff_max_seconds', p_backoff_max_seconds,
+        'ack_deadline_seconds', p_ack_deadline_seconds), NULL)
+$$;
+
+-- (release 0.2: revision 0007) Change a subscription, NULL keeping a value;
+-- use update_subscription(id, changes).
+CREATE OR REPLACE FUNCTION fastpubsub.update_subscription(
+    p_id text, p_set_filter boolean, p_filter jsonb, p_max_delivery_attempts integer, p_backoff_min_seconds integer,
+    p_backoff_max_seconds integer, p_ack_deadline_seconds integer)
+RETURNS fastpubsub.subscriptions
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT fastpubsub.update_subscription(p_id, jsonb_strip_nulls(jsonb_build_object(
+        'max_delivery_attempts', p_max_delivery_attempts, 'backoff_min_seconds', p_backoff_min_seconds,
+        'backoff_max_seconds', p_backoff_max_seconds, 'ack_deadline_seconds', p_ack_deadline_seconds))
+        || CASE WHEN p_set_filter THEN jsonb_build_object('filter', p_filter) ELSE '{}'::jsonb END)
+$$;

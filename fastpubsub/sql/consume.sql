@@ -80,6 +80,12 @@ $$;
 -- Consumer k gets the rows after those of consumers 1 .. k-1 (`slot` k), so
 -- one statement serves many small requests (group commit) as it would one
 -- large one. Each row carries the receipt of its lease (see _receipt).
+-- A subscription with a message TTL, or that was sent messages with their own
+-- expiry, takes its rows through a second form of step 2 that also reads
+-- their expiry: expired rows it meets are taken out for good (_expire_rows)
+-- and do not fill the batch, so each is looked at once and none beyond the
+-- batch is read. Every other subscription takes the first form, which reads
+-- no message (the same statement as without these options).
 CREATE OR REPLACE FUNCTION fastpubsub._lease(p_subscription_id text, p_consumers text[], p_sizes integer[])
 RETURNS TABLE(slot integer, id uuid, payload jsonb, attributes jsonb, priority smallint, attempts integer,
               created_at timestamptz, receipt text)
@@ -106,6 +112,10 @@ DECLARE
     v_first_seq bigint;
     v_priority smallint;
     v_settled bigint;
+    v_left bigint := 0;
+    v_expiry boolean := s.message_ttl_seconds IS NOT NULL OR s.expiring_messages;
+    v_ttl_floor uuid;
+    v_expired tid[];
 BEGIN
     IF coalesce(cardinality(p_consumers), 0) = 0 OR cardinality(p_consumers) <> cardinality(p_sizes) THEN
         RAISE EXCEPTION 'one batch size per consumer' USING ERRCODE = 'FP422';
@@ -143,12 +153,62 @@ BEGIN
         WHERE d.ctid = ANY (ARRAY(SELECT row_id FROM due WHERE NOT exhausted))
         RETURNING 1
     )
-    SELECT (SELECT count(*) FROM dead) + (SELECT count(*) FROM queued) INTO v_settled;
+    SELECT (SELECT count(*) FROM dead), (SELECT count(*) FROM queued) INTO v_left, v_settled;
+    IF v_expiry THEN
+        v_ttl_floor := CASE WHEN s.message_ttl_seconds IS NOT NULL
+                            THEN fastpubsub._message_id_floor(v_now - make_interval(secs => s.message_ttl_seconds))
+                            ELSE '00000000-0000-0000-0000-000000000000'::uuid END;
+    END IF;
 
     -- 2.
     v_priority := fastpubsub._next_priority(s.key, NULL);
     WHILE v_priority IS NOT NULL AND cardinality(v_ids) < v_wanted LOOP
         LOOP
+            IF v_expiry THEN
+                WITH ready AS MATERIALIZED (
+                    SELECT d.ctid AS row_id, d.seq, d.attempts >= s.max_delivery_attempts AS exhausted,
+                           d.message_id < v_ttl_floor OR coalesce(x.expires_at <= v_now, false) AS expired
+                    FROM fastpubsub.deliveries AS d
+                    LEFT JOIN LATERAL (
+                        SELECT m.expires_at FROM fastpubsub.messages AS m
+                        WHERE s.expiring_messages AND m.topic_key = s.topic_key AND m.id = d.message_id
+                        LIMIT 1
+                    ) AS x ON true
+                    WHERE d.subscription_key = s.key AND d.status = 'available' AND d.priority = v_priority
+                      AND d.seq >= s.consume_from
+                      AND (d.lease_until IS NULL OR d.lease_until <= v_now)
+                    ORDER BY d.seq
+                    LIMIT v_wanted - cardinality(v_ids)
+                    FOR UPDATE OF d SKIP LOCKED
+                ), dead AS (
+                    UPDATE fastpubsub.deliveries AS d
+                    SET status = 'dlq', visible_at = v_now, lease_until = NULL, leased_at = NULL, consumer_id = NULL
+                    WHERE d.ctid = ANY (ARRAY(SELECT row_id FROM ready WHERE exhausted AND NOT expired))
+                    RETURNING 1
+                ), places AS (
+                    SELECT r.row_id, cardinality(v_ids) + row_number() OVER (ORDER BY r.seq) AS place
+                    FROM ready AS r WHERE NOT r.exhausted AND NOT r.expired
+                ), leased AS (
+                    UPDATE fastpubsub.deliveries AS d
+                    SET attempts = d.attempts + 1, lease_until = v_lease_until, leased_at = v_now,
+                        consumer_id = v_owners[p.place]
+                    FROM places AS p
+                    WHERE d.ctid = p.row_id
+                    RETURNING d.seq, d.message_id, d.attempts
+                )
+                SELECT (SELECT count(*) FROM dead),
+                       ARRAY(SELECT row_id FROM ready WHERE expired),
+                       coalesce((SELECT array_agg(message_id ORDER BY seq) FROM leased), '{}'),
+                       coalesce((SELECT array_agg(attempts ORDER BY seq) FROM leased), '{}'),
+                       least(v_first_seq, (SELECT min(seq) FROM ready))
+                INTO v_dead, v_expired, v_more_ids, v_more_attempts, v_first_seq;
+                v_left := v_left + v_dead;
+                v_dead := v_dead + fastpubsub._expire_rows(s, v_expired);
+                v_ids := v_ids || v_more_ids;
+                v_attempts := v_attempts || v_more_attempts;
+                EXIT WHEN v_dead = 0 OR cardinality(v_ids) >= v_wanted;
+                CONTINUE;
+            END IF;
             WITH ready AS MATERIALIZED (
                 SELECT d.ctid AS row_id, d.seq, d.attempts >= s.max_delivery_attempts AS exhausted
                 FROM fastpubsub.deliveries AS d
@@ -180,12 +240,17 @@ BEGIN
                    coalesce((SELECT array_agg(attempts ORDER BY seq) FROM leased), '{}'),
                    least(v_first_seq, (SELECT min(seq) FROM ready))
             INTO v_dead, v_more_ids, v_more_attempts, v_first_seq;
+            v_left := v_left + v_dead;
             v_ids := v_ids || v_more_ids;
             v_attempts := v_attempts || v_more_attempts;
             EXIT WHEN v_dead = 0 OR cardinality(v_ids) >= v_wanted;
         END LOOP;
         v_priority := fastpubsub._next_priority(s.key, v_priority);
     END LOOP;
+
+    IF v_left > 0 AND s.max_backlog IS NOT NULL THEN
+        PERFORM fastpubsub._count(s.key, -v_left, 0, 0);  -- dead letters leave the backlog
+    END IF;
 
     IF v_first_seq - s.consume_from > 1000 OR s.consume_from_candidate IS NOT NULL THEN
         PERFORM fastpubsub._advance_watermark(s);
@@ -321,5 +386,78 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'subscription "%" not found', p_subscription_id USING ERRCODE = 'FP404';
     END IF;
+END
+$$;
+
+-- The next p_limit messages consume would deliver, in its order, leasing
+-- nothing and changing nothing: per priority (highest first), the waiting
+-- rows nobody holds in queue order, then the retries and delayed messages
+-- whose time has come (consume puts those at the back of their priority's
+-- queue). state: 'available' (waiting in the queue), 'due' (a retry or delayed
+-- message that joins the queue at the next consume) or 'expired' (past its
+-- TTL: consume will drop or dead-letter it, never deliver it). Rows with no
+-- attempt left, which consume dead-letters, are left out. Each priority's rows
+-- are one index range, so a peek reads at most p_limit rows per priority.
+CREATE OR REPLACE FUNCTION fastpubsub.peek(p_subscription_id text, p_limit integer)
+RETURNS TABLE(id uuid, payload jsonb, attributes jsonb, priority smallint, attempts integer, created_at timestamptz,
+              state text, expires_at timestamptz)
+LANGUAGE plpgsql STABLE
+SET enable_bitmapscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    s fastpubsub.subscriptions := fastpubsub._subscription(p_subscription_id);
+    v_now timestamptz := now();
+    v_priorities smallint[] := '{}';
+    v_priority smallint;
+    v_ttl_floor uuid := CASE WHEN s.message_ttl_seconds IS NOT NULL
+                             THEN fastpubsub._message_id_floor(now() - make_interval(secs => s.message_ttl_seconds))
+                             ELSE '00000000-0000-0000-0000-000000000000'::uuid END;
+BEGIN
+    IF p_limit IS NULL OR p_limit < 1 OR p_limit > 1000 THEN
+        RAISE EXCEPTION 'limit must be between 1 and 1000' USING ERRCODE = 'FP422';
+    END IF;
+    v_priority := fastpubsub._next_priority(s.key, NULL);
+    WHILE v_priority IS NOT NULL LOOP
+        v_priorities := v_priorities || v_priority;
+        v_priority := fastpubsub._next_priority(s.key, v_priority);
+    END LOOP;
+    RETURN QUERY
+        SELECT m.id, m.payload, m.attributes, m.priority, c.attempts, m.created_at,
+               CASE WHEN c.message_id < v_ttl_floor OR m.expires_at <= v_now THEN 'expired'
+                    WHEN c.due THEN 'due' ELSE 'available' END,
+               least(m.expires_at, CASE WHEN s.message_ttl_seconds IS NOT NULL
+                                        THEN m.created_at + make_interval(secs => s.message_ttl_seconds) END)
+        FROM (
+            SELECT w.* FROM (
+                SELECT d.message_id, d.attempts, d.priority, false AS due, d.seq, NULL::timestamptz AS visible_at
+                FROM unnest(v_priorities) AS p(priority)
+                CROSS JOIN LATERAL (
+                    SELECT x.message_id, x.attempts, x.priority, x.seq FROM fastpubsub.deliveries AS x
+                    WHERE x.subscription_key = s.key AND x.status = 'available' AND x.priority = p.priority
+                      AND x.seq >= s.consume_from AND (x.lease_until IS NULL OR x.lease_until <= v_now)
+                      AND x.attempts < s.max_delivery_attempts
+                    ORDER BY x.seq
+                    LIMIT p_limit
+                ) AS d
+                UNION ALL
+                SELECT d.message_id, d.attempts, d.priority, true, NULL, d.visible_at
+                FROM (
+                    SELECT x.message_id, x.attempts, x.priority, x.visible_at FROM fastpubsub.deliveries AS x
+                    WHERE x.subscription_key = s.key AND x.status = 'scheduled' AND x.visible_at <= v_now
+                      AND x.attempts < s.max_delivery_attempts
+                    ORDER BY x.visible_at
+                    LIMIT p_limit
+                ) AS d
+            ) AS w
+            ORDER BY w.priority DESC, w.due, w.seq, w.visible_at
+            LIMIT p_limit
+        ) AS c
+        CROSS JOIN LATERAL (
+            SELECT m.id, m.payload, m.attributes, m.priority, m.created_at, m.expires_at FROM fastpubsub.messages AS m
+            WHERE m.topic_key = s.topic_key AND m.id = c.message_id
+            LIMIT 1
+        ) AS m
+        ORDER BY c.priority DESC, c.due, c.seq, c.visible_at;
 END
 $$;

@@ -47,6 +47,9 @@ BEGIN
         lease_until = NULL, leased_at = NULL, consumer_id = NULL
     WHERE d.subscription_key = s.key AND d.message_id = ANY (p_ids) AND d.status = 'dlq';
     GET DIAGNOSTICS n = ROW_COUNT;
+    IF n > 0 AND s.max_backlog IS NOT NULL THEN
+        PERFORM fastpubsub._count(s.key, n, 0, 0);
+    END IF;
     IF n > 0 THEN
         PERFORM fastpubsub._notify(ARRAY[s.id], ARRAY[n]);
     END IF;

@@ -197,3 +197,79 @@ BEGIN
         ) AS h);
 END
 $$;
+
+-- Add to a subscription's counters (subscription_counts): its backlog (only
+-- while it has a max_backlog: callers check, so that subscriptions without one
+-- never write here), messages expired and messages dropped to make room.
+CREATE OR REPLACE FUNCTION fastpubsub._count(
+    p_subscription_key integer, p_backlog bigint, p_expired bigint, p_dropped bigint)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF p_backlog = 0 AND p_expired = 0 AND p_dropped = 0 THEN
+        RETURN;
+    END IF;
+    INSERT INTO fastpubsub.subscription_counts AS c (subscription_key, backlog, expired, dropped)
+    VALUES (p_subscription_key, p_backlog, p_expired, p_dropped)
+    ON CONFLICT (subscription_key) DO UPDATE
+    SET backlog = c.backlog + excluded.backlog,
+        expired = c.expired + excluded.expired,
+        dropped = c.dropped + excluded.dropped;
+END
+$$;
+
+-- The same for several subscriptions at once, in key order, so that two
+-- transactions counting for the same subscriptions never wait for each other
+-- in a cycle. Entries of one key are added up.
+CREATE OR REPLACE FUNCTION fastpubsub._count_all(
+    p_subscription_keys integer[], p_backlog bigint[], p_expired bigint[], p_dropped bigint[])
+RETURNS void
+LANGUAGE sql
+AS $$
+    INSERT INTO fastpubsub.subscription_counts AS c (subscription_key, backlog, expired, dropped)
+    SELECT x.key, sum(x.backlog), sum(x.expired), sum(x.dropped)
+    FROM unnest(p_subscription_keys, p_backlog, p_expired, p_dropped) AS x(key, backlog, expired, dropped)
+    WHERE x.key IS NOT NULL
+    GROUP BY x.key
+    HAVING sum(x.backlog) <> 0 OR sum(x.expired) <> 0 OR sum(x.dropped) <> 0
+    ORDER BY x.key
+    ON CONFLICT (subscription_key) DO UPDATE
+    SET backlog = c.backlog + excluded.backlog,
+        expired = c.expired + excluded.expired,
+        dropped = c.dropped + excluded.dropped
+$$;
+
+-- Take the rows at p_rows (locked by the caller, of subscription s) out as
+-- expired: deleted (expiry_policy drop; their messages go once nothing else
+-- refers to them) or dead-lettered. Counts them; returns how many.
+CREATE OR REPLACE FUNCTION fastpubsub._expire_rows(s fastpubsub.subscriptions, p_rows tid[])
+RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_ids uuid[];
+BEGIN
+    IF cardinality(p_rows) = 0 THEN
+        RETURN 0;
+    END IF;
+    IF s.expiry_policy = 'dead_letter' THEN
+        WITH dead AS (
+            UPDATE fastpubsub.deliveries AS d
+            SET status = 'dlq', visible_at = now(), lease_until = NULL, leased_at = NULL, consumer_id = NULL
+            WHERE d.ctid = ANY (p_rows)
+            RETURNING d.message_id
+        )
+        SELECT coalesce(array_agg(message_id), '{}') INTO v_ids FROM dead;
+    ELSE
+        WITH gone AS (
+            DELETE FROM fastpubsub.deliveries AS d WHERE d.ctid = ANY (p_rows) RETURNING d.message_id
+        )
+        SELECT coalesce(array_agg(message_id), '{}') INTO v_ids FROM gone;
+        PERFORM fastpubsub._delete_orphan_messages(array_fill(s.topic_key, ARRAY[cardinality(v_ids)]), v_ids);
+    END IF;
+    PERFORM fastpubsub._count(
+        s.key, CASE WHEN s.max_backlog IS NOT NULL THEN -cardinality(v_ids) ELSE 0 END, cardinality(v_ids), 0);
+    RETURN cardinality(v_ids);
+END
+$$;

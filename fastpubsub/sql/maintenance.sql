@@ -44,7 +44,8 @@ $$;
 
 -- Delete up to p_batch_size acked deliveries older than p_older_than_seconds,
 -- then the messages nothing references any more (and unrouted messages past the
--- same age). Call it until it returns fewer rows than the batch: each call is a
+-- same age), then up to p_batch_size messages past their topic's
+-- retention_seconds (_cleanup_retention). Call it until it returns fewer rows than the batch: each call is a
 -- short transaction, and concurrent callers skip each other's rows. With
 -- p_archived_in (an archive destination), only what that archive holds goes:
 -- nothing created or acked after its watermark (archive.sql).
@@ -94,6 +95,67 @@ BEGIN
         FOR UPDATE SKIP LOCKED));
     GET DIAGNOSTICS n = ROW_COUNT;
     messages_deleted := messages_deleted + n;
+    messages_deleted := messages_deleted + fastpubsub._cleanup_retention(p_batch_size);
+END
+$$;
+
+-- Delete up to p_batch_size messages older than their topic's
+-- retention_seconds, oldest first, with every delivery of them, pending or
+-- acked: pending ones count as expired for their subscription. Each topic's
+-- old messages are one primary-key range (ids carry their publish time).
+-- Returns how many messages were deleted.
+CREATE OR REPLACE FUNCTION fastpubsub._cleanup_retention(p_batch_size integer)
+RETURNS integer
+LANGUAGE plpgsql
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+DECLARE
+    t record;
+    v_ids uuid[];
+    v_subscription_keys integer[];
+    v_counted integer[];
+    v_backlog bigint[];
+    v_expired bigint[];
+    v_deleted integer := 0;
+    n integer;
+BEGIN
+    FOR t IN SELECT key, retention_seconds FROM fastpubsub.topics
+             WHERE retention_seconds IS NOT NULL ORDER BY key LOOP
+        EXIT WHEN v_deleted >= p_batch_size;
+        SELECT coalesce(array_agg(m.id), '{}') INTO v_ids
+        FROM (SELECT x.id FROM fastpubsub.messages AS x
+              WHERE x.topic_key = t.key
+                AND x.id < fastpubsub._message_id_floor(now() - make_interval(secs => t.retention_seconds))
+              ORDER BY x.id
+              LIMIT p_batch_size - v_deleted
+              FOR UPDATE SKIP LOCKED) AS m;
+        CONTINUE WHEN cardinality(v_ids) = 0;
+        SELECT coalesce(array_agg(s.key), '{}') INTO v_subscription_keys
+        FROM fastpubsub.subscriptions AS s WHERE s.topic_key = t.key;
+        WITH gone AS (
+            DELETE FROM fastpubsub.deliveries AS d
+            WHERE d.subscription_key = ANY (v_subscription_keys) AND d.message_id = ANY (v_ids)
+            RETURNING d.subscription_key, d.status
+        ), counted AS (
+            SELECT g.subscription_key AS key,
+                   -count(*) FILTER (WHERE g.status <> 'dlq' AND s.max_backlog IS NOT NULL) AS backlog,
+                   count(*) FILTER (WHERE g.status <> 'dlq') AS expired
+            FROM gone AS g JOIN fastpubsub.subscriptions AS s ON s.key = g.subscription_key
+            GROUP BY g.subscription_key
+        )
+        SELECT array_agg(c.key), array_agg(c.backlog), array_agg(c.expired)
+        INTO v_counted, v_backlog, v_expired
+        FROM counted AS c;
+        PERFORM fastpubsub._count_all(v_counted, v_backlog, v_expired,
+                                      array_fill(0::bigint, ARRAY[coalesce(cardinality(v_counted), 0)]));
+        DELETE FROM fastpubsub.acked_deliveries AS a
+        WHERE a.subscription_key = ANY (v_subscription_keys) AND a.message_id = ANY (v_ids);
+        DELETE FROM fastpubsub.messages AS m WHERE m.topic_key = t.key AND m.id = ANY (v_ids);
+        GET DIAGNOSTICS n = ROW_COUNT;
+        v_deleted := v_deleted + n;
+    END LOOP;
+    RETURN v_deleted;
 END
 $$;
 
@@ -146,13 +208,14 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     v_cutoff timestamptz;
+    n bigint;
 BEGIN
     IF p_lock_timeout_seconds IS NULL OR p_lock_timeout_seconds < 0 THEN
         RAISE EXCEPTION 'lock timeout must be >= 0 seconds' USING ERRCODE = 'FP422';
     END IF;
     v_cutoff := now() - make_interval(secs => p_lock_timeout_seconds);
     WITH stuck AS MATERIALIZED (
-        SELECT d.row_id, d.attempts >= s.max_delivery_attempts AS exhausted
+        SELECT d.row_id, d.attempts >= s.max_delivery_attempts AS exhausted, s.key, s.max_backlog IS NOT NULL AS limited
         FROM fastpubsub.subscriptions AS s
         CROSS JOIN LATERAL (
             SELECT x.ctid AS row_id, x.attempts
@@ -171,8 +234,16 @@ BEGIN
         UPDATE fastpubsub.deliveries AS d
         SET status = 'dlq', visible_at = now(), lease_until = NULL, leased_at = NULL, consumer_id = NULL
         WHERE d.ctid = ANY (ARRAY(SELECT row_id FROM stuck WHERE exhausted))
-        RETURNING 1
+        RETURNING d.subscription_key
+    ), left_backlog AS (
+        -- dead letters leave the backlog of subscriptions that count theirs
+        SELECT fastpubsub._count_all(array_agg(x.key), array_agg(-x.n), array_fill(0::bigint, ARRAY[count(*)::integer]),
+                                     array_fill(0::bigint, ARRAY[count(*)::integer]))
+        FROM (SELECT d.subscription_key AS key, count(*) AS n FROM dead AS d
+              WHERE d.subscription_key IN (SELECT key FROM stuck WHERE limited)
+              GROUP BY d.subscription_key) AS x
     )
-    SELECT (SELECT count(*) FROM freed), (SELECT count(*) FROM dead) INTO released, dead_lettered;
+    SELECT (SELECT count(*) FROM freed), (SELECT count(*) FROM dead), (SELECT count(*) FROM left_backlog)
+    INTO released, dead_lettered, n;
 END
 $$;

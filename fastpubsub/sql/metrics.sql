@@ -70,3 +70,37 @@ BEGIN
         0);
 END
 $$;
+
+-- A topic at a glance: messages retained (published and not cleaned up yet),
+-- how many were published in the last minute and hour (among those retained),
+-- and the age of the oldest retained one. Ids carry their publish time, so
+-- each count is a range of the primary key, read from the index alone.
+-- (Its subscriptions' figures are subscription_metrics.)
+CREATE OR REPLACE FUNCTION fastpubsub.topic_stats(
+    p_topic_id text, OUT messages_retained bigint, OUT published_last_minute bigint,
+    OUT published_last_hour bigint, OUT oldest_message_age_seconds double precision)
+RETURNS record
+LANGUAGE plpgsql STABLE
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+    v_topic_key integer;
+    v_oldest uuid;
+BEGIN
+    SELECT key INTO v_topic_key FROM fastpubsub.topics WHERE id = p_topic_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'topic "%" not found', p_topic_id USING ERRCODE = 'FP404';
+    END IF;
+    SELECT count(*) INTO messages_retained FROM fastpubsub.messages AS m WHERE m.topic_key = v_topic_key;
+    SELECT count(*) INTO published_last_hour FROM fastpubsub.messages AS m
+    WHERE m.topic_key = v_topic_key AND m.id >= fastpubsub._message_id_floor(now() - interval '1 hour');
+    SELECT count(*) INTO published_last_minute FROM fastpubsub.messages AS m
+    WHERE m.topic_key = v_topic_key AND m.id >= fastpubsub._message_id_floor(now() - interval '1 minute');
+    SELECT m.id INTO v_oldest FROM fastpubsub.messages AS m WHERE m.topic_key = v_topic_key ORDER BY m.id LIMIT 1;
+    oldest_message_age_seconds := coalesce(
+        (SELECT greatest(extract(epoch FROM now() - m.created_at)::double precision, 0)
+         FROM fastpubsub.messages AS m WHERE m.topic_key = v_topic_key AND m.id = v_oldest),
+        0);
+END
+$$;

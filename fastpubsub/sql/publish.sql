@@ -15,7 +15,8 @@ BEGIN
         RETURN format('message at index %s must be an object with a "payload"', p_index);
     END IF;
     SELECT k INTO v_key FROM jsonb_object_keys(p_message) AS k
-    WHERE k NOT IN ('payload', 'attributes', 'idempotency_key', 'delay_seconds', 'deliver_at', 'priority')
+    WHERE k NOT IN ('payload', 'attributes', 'idempotency_key', 'delay_seconds', 'deliver_at', 'priority',
+                    'ttl_seconds', 'expires_at')
     LIMIT 1;
     IF v_key IS NOT NULL THEN
         RETURN format('message at index %s has an unknown field "%s"', p_index, v_key);
@@ -62,6 +63,26 @@ BEGIN
             RETURN format('message at index %s: deliver_at is not a valid time', p_index);
         END;
     END IF;
+    IF p_message ? 'ttl_seconds' AND jsonb_typeof(p_message -> 'ttl_seconds') <> 'null' AND (
+        jsonb_typeof(p_message -> 'ttl_seconds') <> 'number'
+        OR (p_message ->> 'ttl_seconds')::numeric <= 0 OR (p_message ->> 'ttl_seconds')::numeric > 315360000) THEN
+        RETURN format('message at index %s: ttl_seconds must be a number above 0 and up to 315360000', p_index);
+    END IF;
+    IF p_message ? 'expires_at' AND jsonb_typeof(p_message -> 'expires_at') <> 'null' THEN
+        IF jsonb_typeof(p_message -> 'ttl_seconds') IN ('number') THEN
+            RETURN format('message at index %s: give ttl_seconds or expires_at, not both', p_index);
+        END IF;
+        v_at := p_message ->> 'expires_at';
+        IF jsonb_typeof(p_message -> 'expires_at') <> 'string'
+           OR v_at !~ '^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}(:?\d{2})?)$' THEN
+            RETURN format('message at index %s: expires_at must be an ISO 8601 time with a time zone', p_index);
+        END IF;
+        BEGIN
+            PERFORM v_at::timestamptz;
+        EXCEPTION WHEN others THEN
+            RETURN format('message at index %s: expires_at is not a valid time', p_index);
+        END;
+    END IF;
     RETURN NULL;
 END
 $$;
@@ -69,7 +90,9 @@ $$;
 -- Publish: store every message once and fan it out to each subscription of the
 -- topic whose filter accepts it, all in this transaction, or nothing at all.
 -- p_envelopes: each element is {payload, attributes, idempotency_key,
--- delay_seconds | deliver_at, priority}; otherwise each element is a payload.
+-- delay_seconds | deliver_at, priority, ttl_seconds | expires_at}; otherwise
+-- each element is a payload. On a topic with a backlog limit, _make_room
+-- applies the limits first (FP429 refuses the whole publish).
 -- p_offset shifts the time steps of the ids, so that several publishes in one
 -- transaction keep their order by id (see _publish_batch).
 -- Returns the message ids in order (a repeated idempotency key gives the
@@ -90,8 +113,10 @@ DECLARE
     v_ids uuid[];
     v_keys text[];
     v_store boolean[];
+    v_limited boolean;
+    v_expiring boolean;
 BEGIN
-    SELECT key INTO v_topic_key FROM fastpubsub.topics WHERE id = p_topic_id;
+    SELECT key, backlog_limited INTO v_topic_key, v_limited FROM fastpubsub.topics WHERE id = p_topic_id;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'topic "%" not found', p_topic_id USING ERRCODE = 'FP404';
     END IF;
@@ -117,8 +142,9 @@ BEGIN
     PERFORM pg_current_xact_id();  -- before drawing queue numbers (see _advance_watermark)
 
     SELECT array_agg(fastpubsub._message_id(v_now, p_offset + e.ord - 1) ORDER BY e.ord),
-           array_agg(CASE WHEN p_envelopes THEN e.value ->> 'idempotency_key' END ORDER BY e.ord)
-    INTO v_ids, v_keys
+           array_agg(CASE WHEN p_envelopes THEN e.value ->> 'idempotency_key' END ORDER BY e.ord),
+           bool_or(p_envelopes AND (e.value ? 'ttl_seconds' OR e.value ? 'expires_at'))
+    INTO v_ids, v_keys, v_expiring
     FROM jsonb_array_elements(p_messages) WITH ORDINALITY AS e(value, ord);
     ids := v_ids;
     v_store := array_fill(true, ARRAY[cardinality(v_ids)]);
@@ -146,6 +172,10 @@ BEGIN
         LEFT JOIN fastpubsub.idempotency_keys AS k ON k.topic_key = v_topic_key AND k.key = x.key;
     END IF;
 
+    IF v_limited THEN
+        PERFORM fastpubsub._make_room(v_topic_key, p_messages, p_envelopes, v_store);
+    END IF;
+
     WITH input AS MATERIALIZED (
         SELECT x.id,
                x.ord,
@@ -158,7 +188,12 @@ BEGIN
                         THEN v_now + make_interval(secs => (e.value ->> 'delay_seconds')::double precision)
                     ELSE v_now END AS visible_at,
                CASE WHEN p_envelopes AND jsonb_typeof(e.value -> 'priority') = 'number'
-                    THEN (e.value ->> 'priority')::numeric::smallint ELSE 0::smallint END AS priority
+                    THEN (e.value ->> 'priority')::numeric::smallint ELSE 0::smallint END AS priority,
+               CASE WHEN NOT v_expiring THEN NULL
+                    WHEN jsonb_typeof(e.value -> 'expires_at') = 'string' THEN (e.value ->> 'expires_at')::timestamptz
+                    WHEN jsonb_typeof(e.value -> 'ttl_seconds') = 'number'
+                        THEN v_now + make_interval(secs => (e.value ->> 'ttl_seconds')::double precision)
+                    END AS expires_at
         FROM unnest(v_ids, v_store) WITH ORDINALITY AS x(id, store, ord)
         JOIN jsonb_array_elements(p_messages) WITH ORDINALITY AS e(value, ord) ON e.ord = x.ord
         WHERE x.store
@@ -171,10 +206,10 @@ BEGIN
               OR CASE WHEN s.filter_simple THEN fastpubsub._filter_matches_seed(s.filter, i.payload)
                       ELSE fastpubsub._filter_eval(s.filter, i.payload, i.attributes) END)
     ), stored AS (
-        INSERT INTO fastpubsub.messages (created_at, id, topic_key, fanout, payload, attributes, priority)
-        SELECT v_now, i.id, v_topic_key, count(r.id), i.payload, i.attributes, i.priority
+        INSERT INTO fastpubsub.messages (created_at, id, topic_key, fanout, payload, attributes, priority, expires_at)
+        SELECT v_now, i.id, v_topic_key, count(r.id), i.payload, i.attributes, i.priority, i.expires_at
         FROM input AS i LEFT JOIN routes AS r ON r.id = i.id
-        GROUP BY i.ord, i.id, i.payload, i.attributes, i.priority
+        GROUP BY i.ord, i.id, i.payload, i.attributes, i.priority, i.expires_at
     ), fanned AS (
         -- Grouped by subscription so that one consume batch touches few pages.
         INSERT INTO fastpubsub.deliveries (visible_at, seq, message_id, subscription_key, status, priority)
@@ -189,7 +224,123 @@ BEGIN
     FROM (SELECT r.subscription_id, count(*) FILTER (WHERE r.visible_at <= v_now)::integer AS ready
           FROM routes AS r GROUP BY r.subscription_id) AS w;
 
+    IF v_expiring THEN
+        -- From now on consume reads these subscriptions' messages' own expiry.
+        UPDATE fastpubsub.subscriptions SET expiring_messages = true
+        WHERE topic_key = v_topic_key AND id = ANY (woken) AND NOT expiring_messages;
+    END IF;
     PERFORM fastpubsub._notify(woken, woken_counts);
+END
+$$;
+
+-- Room for a publish on a topic with backlog limits, before anything is
+-- stored: for each subscription with a max_backlog that the messages to store
+-- (p_store) are routed to, in key order, its publishers are serialised (an
+-- advisory lock until commit) and its counted backlog plus the new messages
+-- is compared with the limit. Over it, backlog_policy reject raises FP429
+-- naming the subscription (the transaction, and so the whole publish, fails);
+-- drop_oldest drops as many waiting messages as it takes (FP429 when not
+-- enough are waiting: leased ones are never dropped). The new messages are
+-- counted in the backlog.
+CREATE OR REPLACE FUNCTION fastpubsub._make_room(
+    p_topic_key integer, p_messages jsonb, p_envelopes boolean, p_store boolean[])
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    r record;
+    s fastpubsub.subscriptions;
+    v_backlog bigint;
+    v_excess bigint;
+    v_dropped bigint;
+BEGIN
+    FOR r IN
+        SELECT x.key, count(*) AS n
+        FROM (SELECT CASE WHEN p_envelopes THEN e.value -> 'payload' ELSE e.value END AS payload,
+                     CASE WHEN p_envelopes THEN nullif(nullif(e.value -> 'attributes', 'null'::jsonb), '{}'::jsonb)
+                     END AS attributes
+              FROM jsonb_array_elements(p_messages) WITH ORDINALITY AS e(value, ord)
+              WHERE p_store[e.ord]) AS i
+        JOIN fastpubsub.subscriptions AS x
+          ON x.topic_key = p_topic_key AND x.max_backlog IS NOT NULL
+         AND (x.filter IS NULL
+              OR CASE WHEN x.filter_simple THEN fastpubsub._filter_matches_seed(x.filter, i.payload)
+                      ELSE fastpubsub._filter_eval(x.filter, i.payload, i.attributes) END)
+        GROUP BY x.key
+        ORDER BY x.key
+    LOOP
+        PERFORM pg_advisory_xact_lock(1718645603, r.key);
+        SELECT * INTO s FROM fastpubsub.subscriptions WHERE key = r.key;
+        SELECT coalesce(max(c.backlog), 0) INTO v_backlog
+        FROM fastpubsub.subscription_counts AS c WHERE c.subscription_key = r.key;
+        v_excess := v_backlog + r.n - s.max_backlog;
+        v_dropped := 0;
+        IF v_excess > 0 AND s.backlog_policy = 'drop_oldest' THEN
+            v_dropped := fastpubsub._drop_oldest(s, v_excess);
+        END IF;
+        IF v_excess > v_dropped THEN
+            RAISE EXCEPTION 'subscription "%" is full: % messages in its backlog, max_backlog %, % more published; '
+                            'nothing was published', s.id, v_backlog - v_dropped, s.max_backlog, r.n
+                USING ERRCODE = 'FP429', DETAIL = s.id;
+        END IF;
+        PERFORM fastpubsub._count(r.key, r.n - v_dropped, 0, v_dropped);
+    END LOOP;
+END
+$$;
+
+-- Drop up to p_count waiting messages of a subscription to make room: the
+-- lowest priority first and queue order within one, then delayed ones, soonest
+-- due first; never one leased now. Their messages go once nothing else refers
+-- to them. Returns how many were dropped.
+CREATE OR REPLACE FUNCTION fastpubsub._drop_oldest(s fastpubsub.subscriptions, p_count bigint)
+RETURNS bigint
+LANGUAGE plpgsql
+SET enable_sort = off
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+    v_now timestamptz := now();
+    v_priorities smallint[] := '{}';
+    v_priority smallint;
+    v_ids uuid[] := '{}';
+    v_more uuid[];
+BEGIN
+    v_priority := fastpubsub._next_priority(s.key, NULL);
+    WHILE v_priority IS NOT NULL LOOP
+        v_priorities := v_priority || v_priorities;  -- lowest first
+        v_priority := fastpubsub._next_priority(s.key, v_priority);
+    END LOOP;
+    FOREACH v_priority IN ARRAY v_priorities LOOP
+        EXIT WHEN cardinality(v_ids) >= p_count;
+        WITH gone AS (
+            DELETE FROM fastpubsub.deliveries AS d
+            WHERE d.ctid = ANY (ARRAY(
+                SELECT x.ctid FROM fastpubsub.deliveries AS x
+                WHERE x.subscription_key = s.key AND x.status = 'available' AND x.priority = v_priority
+                  AND x.seq >= s.consume_from AND (x.lease_until IS NULL OR x.lease_until <= v_now)
+                ORDER BY x.seq
+                LIMIT p_count - cardinality(v_ids)
+                FOR UPDATE SKIP LOCKED))
+            RETURNING d.message_id
+        )
+        SELECT coalesce(array_agg(message_id), '{}') INTO v_more FROM gone;
+        v_ids := v_ids || v_more;
+    END LOOP;
+    IF cardinality(v_ids) < p_count THEN
+        WITH gone AS (
+            DELETE FROM fastpubsub.deliveries AS d
+            WHERE d.ctid = ANY (ARRAY(
+                SELECT x.ctid FROM fastpubsub.deliveries AS x
+                WHERE x.subscription_key = s.key AND x.status = 'scheduled'
+                ORDER BY x.visible_at
+                LIMIT p_count - cardinality(v_ids)
+                FOR UPDATE SKIP LOCKED))
+            RETURNING d.message_id
+        )
+        SELECT v_ids || coalesce(array_agg(message_id), '{}') INTO v_ids FROM gone;
+    END IF;
+    PERFORM fastpubsub._delete_orphan_messages(array_fill(s.topic_key, ARRAY[cardinality(v_ids)]), v_ids);
+    RETURN cardinality(v_ids);
 END
 $$;
 
@@ -206,7 +357,9 @@ $$;
 -- (within a topic, ids grow in request order); the subscriptions fed, with
 -- their counts for all of them, come with the group's first request (the
 -- others' are empty). A body that is not a non-empty JSON array is published
--- alone, so it fails with its own error.
+-- alone, so it fails with its own error; so is each request to a topic with
+-- backlog limits (topics.backlog_limited), so that a refused one (FP429) is
+-- refused for its own messages, as when it comes alone.
 CREATE OR REPLACE FUNCTION fastpubsub._publish_batch(p_topics text[], p_messages text[], p_envelopes boolean[])
 RETURNS TABLE(ids uuid[], woken text[], woken_counts integer[])
 LANGUAGE plpgsql
@@ -232,14 +385,29 @@ BEGIN
     FOR i IN 1 .. n LOOP
         v_bodies := v_bodies || p_messages[i]::jsonb;
     END LOOP;
+    IF n > 1 THEN
+        -- Publishers of subscriptions with a backlog limit are serialised
+        -- (_make_room): take those locks for every topic of the batch first, in
+        -- key order, so that two batches never wait for each other in a cycle.
+        PERFORM pg_advisory_xact_lock(1718645603, x.key)
+        FROM (SELECT s.key FROM fastpubsub.topics AS t
+              JOIN fastpubsub.subscriptions AS s ON s.topic_key = t.key AND s.max_backlog IS NOT NULL
+              WHERE t.id = ANY (p_topics) AND t.backlog_limited
+              ORDER BY s.key) AS x;
+    END IF;
     FOR g IN
         SELECT x.topic, bool_or(coalesce(x.envelopes, false)) AS envelopes,
                array_agg(x.ord::integer ORDER BY x.ord) AS members,
                array_agg(coalesce(x.envelopes, false) ORDER BY x.ord) AS kinds
         FROM unnest(p_topics, p_envelopes, v_bodies) WITH ORDINALITY AS x(topic, envelopes, body, ord)
+        LEFT JOIN fastpubsub.topics AS t ON t.id = x.topic
         GROUP BY x.topic,
-                 -- a body _publish refuses is published alone, to fail with its own error
-                 CASE WHEN jsonb_typeof(x.body) = 'array' AND jsonb_array_length(x.body) > 0 THEN 0
+                 -- a body _publish refuses is published alone, to fail with its own error;
+                 -- so is each request to a topic with backlog limits, which apply
+                 -- request by request, in order (a merged group could be refused
+                 -- as a whole, or make room differently)
+                 CASE WHEN jsonb_typeof(x.body) = 'array' AND jsonb_array_length(x.body) > 0
+                           AND NOT coalesce(t.backlog_limited, false) THEN 0
                       ELSE x.ord END
         ORDER BY min(x.ord)
     LOOP
@@ -286,7 +454,8 @@ $$;
 
 -- Publish envelopes with options:
 --   [{"payload": {...}, "attributes": {"k": "v"}, "idempotency_key": "...",
---     "delay_seconds": 10 | "deliver_at": "2030-01-01T00:00:00Z", "priority": 0-9}]
+--     "delay_seconds": 10 | "deliver_at": "2030-01-01T00:00:00Z", "priority": 0-9,
+--     "ttl_seconds": 60 | "expires_at": "2030-01-01T00:00:00Z"}]
 CREATE OR REPLACE FUNCTION fastpubsub.publish_envelopes(p_topic_id text, p_envelopes jsonb)
 RETURNS uuid[]
 LANGUAGE sql VOLATILE

@@ -10,46 +10,80 @@ SELECT 1
 SELECT version_num FROM fastpubsub.alembic_version
 
 -- create_topic --
-SELECT id, created_at FROM fastpubsub.create_topic(:id)
+SELECT id, created_at, retention_seconds FROM fastpubsub.create_topic(:id, CAST(:options AS jsonb))
 
 -- get_topic --
-SELECT id, created_at FROM fastpubsub.topics WHERE id = :id
+SELECT id, created_at, retention_seconds FROM fastpubsub.topics WHERE id = :id
 
 -- list_topics --
-SELECT id, created_at FROM fastpubsub.topics ORDER BY id OFFSET :offset LIMIT :limit
+SELECT id, created_at, retention_seconds FROM fastpubsub.topics ORDER BY id OFFSET :offset LIMIT :limit
+
+-- update_topic --
+SELECT id, created_at, retention_seconds FROM fastpubsub.update_topic(:id, CAST(:changes AS jsonb))
+
+-- topic_stats --
+SELECT messages_retained, published_last_minute, published_last_hour, oldest_message_age_seconds
+FROM fastpubsub.topic_stats(:topic_id)
+
+-- topic_subscription_metrics --
+-- The metrics of every subscription of a topic (subscription_metrics each).
+SELECT s.id AS subscription_id, m.available, m.delivered, m.delayed, m.acked, m.dlq,
+       m.oldest_available_age_seconds, coalesce(c.expired, 0) AS expired, coalesce(c.dropped, 0) AS dropped,
+       s.max_backlog
+FROM fastpubsub.topics AS t
+JOIN fastpubsub.subscriptions AS s ON s.topic_key = t.key
+CROSS JOIN LATERAL fastpubsub.subscription_metrics(s.id) AS m
+LEFT JOIN fastpubsub.subscription_counts AS c ON c.subscription_key = s.key
+WHERE t.id = :topic_id
+ORDER BY s.id
 
 -- delete_topic --
 SELECT fastpubsub.delete_topic(:id)
 
 -- create_subscription --
 SELECT s.id, t.id AS topic_id, s.filter, s.max_delivery_attempts, s.backoff_min_seconds,
-       s.backoff_max_seconds, s.ack_deadline_seconds, s.created_at, s.updated_at
-FROM fastpubsub.create_subscription(
-    :id, :topic_id, CAST(:filter AS jsonb), :max_delivery_attempts, :backoff_min_seconds,
-    :backoff_max_seconds, :ack_deadline_seconds) AS s
+       s.backoff_max_seconds, s.ack_deadline_seconds, s.created_at, s.updated_at, s.retry_policy,
+       s.retry_jitter, s.message_ttl_seconds, s.expiry_policy, s.max_backlog, s.backlog_policy,
+       s.backfill_next IS NOT NULL AS backfilling
+FROM fastpubsub.create_subscription(:id, :topic_id, CAST(:options AS jsonb), CAST(:start AS text)) AS s
 JOIN fastpubsub.topics AS t ON t.key = s.topic_key
 
 -- get_subscription --
 SELECT s.id, t.id AS topic_id, s.filter, s.max_delivery_attempts, s.backoff_min_seconds,
-       s.backoff_max_seconds, s.ack_deadline_seconds, s.created_at, s.updated_at
+       s.backoff_max_seconds, s.ack_deadline_seconds, s.created_at, s.updated_at, s.retry_policy,
+       s.retry_jitter, s.message_ttl_seconds, s.expiry_policy, s.max_backlog, s.backlog_policy,
+       s.backfill_next IS NOT NULL AS backfilling
 FROM fastpubsub.subscriptions AS s
 JOIN fastpubsub.topics AS t ON t.key = s.topic_key
 WHERE s.id = :id
 
 -- list_subscriptions --
 SELECT s.id, t.id AS topic_id, s.filter, s.max_delivery_attempts, s.backoff_min_seconds,
-       s.backoff_max_seconds, s.ack_deadline_seconds, s.created_at, s.updated_at
+       s.backoff_max_seconds, s.ack_deadline_seconds, s.created_at, s.updated_at, s.retry_policy,
+       s.retry_jitter, s.message_ttl_seconds, s.expiry_policy, s.max_backlog, s.backlog_policy,
+       s.backfill_next IS NOT NULL AS backfilling
 FROM fastpubsub.subscriptions AS s
 JOIN fastpubsub.topics AS t ON t.key = s.topic_key
 ORDER BY s.id OFFSET :offset LIMIT :limit
 
 -- update_subscription --
 SELECT s.id, t.id AS topic_id, s.filter, s.max_delivery_attempts, s.backoff_min_seconds,
-       s.backoff_max_seconds, s.ack_deadline_seconds, s.created_at, s.updated_at
-FROM fastpubsub.update_subscription(
-    :id, :set_filter, CAST(:filter AS jsonb), :max_delivery_attempts, :backoff_min_seconds,
-    :backoff_max_seconds, :ack_deadline_seconds) AS s
+       s.backoff_max_seconds, s.ack_deadline_seconds, s.created_at, s.updated_at, s.retry_policy,
+       s.retry_jitter, s.message_ttl_seconds, s.expiry_policy, s.max_backlog, s.backlog_policy,
+       s.backfill_next IS NOT NULL AS backfilling
+FROM fastpubsub.update_subscription(:id, CAST(:changes AS jsonb)) AS s
 JOIN fastpubsub.topics AS t ON t.key = s.topic_key
+
+-- backfill --
+SELECT added, done, busy FROM fastpubsub.backfill(:subscription_id, :batch_size)
+
+-- pending_backfills --
+-- Subscriptions whose retained messages are still being added (see backfill).
+SELECT id FROM fastpubsub.subscriptions WHERE backfill_next IS NOT NULL ORDER BY id
+
+-- peek --
+SELECT id, payload, attempts, created_at, attributes, priority, state, expires_at
+FROM fastpubsub.peek(:subscription_id, :limit)
 
 -- seek --
 SELECT replayed, acked FROM fastpubsub.seek(:subscription_id, :time)
@@ -155,15 +189,20 @@ SELECT fastpubsub.cleanup_idempotency_keys(:older_than_seconds, :batch_size) AS 
 SELECT released, dead_lettered FROM fastpubsub.cleanup_stuck(:lock_timeout_seconds)
 
 -- subscription_metrics --
-SELECT available, delivered, delayed, acked, dlq, oldest_available_age_seconds
-FROM fastpubsub.subscription_metrics(:subscription_id)
+-- With the counts of messages that expired or were dropped to make room.
+SELECT m.available, m.delivered, m.delayed, m.acked, m.dlq, m.oldest_available_age_seconds,
+       coalesce(c.expired, 0) AS expired, coalesce(c.dropped, 0) AS dropped
+FROM fastpubsub.subscription_metrics(:subscription_id) AS m
+JOIN fastpubsub.subscriptions AS s ON s.id = :subscription_id
+LEFT JOIN fastpubsub.subscription_counts AS c ON c.subscription_key = s.key
 
 -- all_subscription_metrics --
 SELECT s.id AS subscription_id, t.id AS topic_id, m.available, m.delivered, m.delayed, m.acked, m.dlq,
-       m.oldest_available_age_seconds
+       m.oldest_available_age_seconds, coalesce(c.expired, 0) AS expired, coalesce(c.dropped, 0) AS dropped
 FROM fastpubsub.subscriptions AS s
 JOIN fastpubsub.topics AS t ON t.key = s.topic_key
 CROSS JOIN LATERAL fastpubsub.subscription_metrics(s.id) AS m
+LEFT JOIN fastpubsub.subscription_counts AS c ON c.subscription_key = s.key
 ORDER BY s.id
 
 -- create_client --

@@ -14,7 +14,15 @@ CREATE TABLE fastpubsub.topics (
         CONSTRAINT topics_id_format CHECK (id ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$'),
     -- The hot tables store this 4-byte key rather than the text id.
     key integer GENERATED ALWAYS AS IDENTITY UNIQUE,
-    created_at timestamptz NOT NULL DEFAULT now()
+    created_at timestamptz NOT NULL DEFAULT now(),
+    -- Cleanup deletes the topic's messages once they are this old, delivered
+    -- or not (NULL: only the acked-cleanup window applies).
+    retention_seconds integer
+        CONSTRAINT topics_retention_seconds_range CHECK (retention_seconds BETWEEN 60 AND 315360000),
+    -- Whether a subscription of the topic has a max_backlog: publish counts
+    -- backlogs only then (kept by the functions that create, change and delete
+    -- subscriptions, under the topic's exclusive lock).
+    backlog_limited boolean NOT NULL DEFAULT false
 );
 
 -- A seed-format filter: top-level field names mapping to lists of allowed
@@ -59,6 +67,35 @@ CREATE TABLE fastpubsub.subscriptions (
     streaming_until timestamptz,
     -- Seed-format filters take the fast path in publish.
     filter_simple boolean GENERATED ALWAYS AS (fastpubsub._filter_is_simple(filter)) STORED,
+    -- The wait before a retry: fixed (backoff_min), linear (backoff_min *
+    -- attempts) or exponential (backoff_min * 2^(attempts-1)), capped at
+    -- backoff_max; retry_jitter takes up to that fraction off at random.
+    retry_policy text NOT NULL DEFAULT 'exponential'
+        CONSTRAINT subscriptions_retry_policy_values CHECK (retry_policy IN ('fixed', 'linear', 'exponential')),
+    retry_jitter real NOT NULL DEFAULT 0
+        CONSTRAINT subscriptions_retry_jitter_range CHECK (retry_jitter BETWEEN 0 AND 1),
+    -- Messages older than this are never delivered: dropped or dead-lettered
+    -- (expiry_policy) when consume meets them.
+    message_ttl_seconds integer
+        CONSTRAINT subscriptions_message_ttl_seconds_range CHECK (message_ttl_seconds BETWEEN 1 AND 315360000),
+    expiry_policy text NOT NULL DEFAULT 'drop'
+        CONSTRAINT subscriptions_expiry_policy_values CHECK (expiry_policy IN ('drop', 'dead_letter')),
+    -- Set by publish once a message with its own expiry (ttl_seconds,
+    -- expires_at) was routed here: consume then reads messages' expiry.
+    expiring_messages boolean NOT NULL DEFAULT false,
+    -- Messages waiting, in flight or delayed at most (not dead letters); a
+    -- publish beyond it is refused (reject) or makes room (drop_oldest).
+    max_backlog integer
+        CONSTRAINT subscriptions_max_backlog_range CHECK (max_backlog BETWEEN 1 AND 1000000000),
+    backlog_policy text NOT NULL DEFAULT 'reject'
+        CONSTRAINT subscriptions_backlog_policy_values CHECK (backlog_policy IN ('reject', 'drop_oldest')),
+    -- A subscription created with a start position is filled with the topic's
+    -- retained messages in batches (backfill): the next message id to look at,
+    -- the id where publish took over, and the oldest publish time wanted.
+    -- NULL backfill_next: nothing left to fill.
+    backfill_next uuid,
+    backfill_until uuid,
+    backfill_since timestamptz,
     CONSTRAINT subscriptions_backoff_order CHECK (backoff_max_seconds >= backoff_min_seconds)
 );
 CREATE INDEX subscriptions_topic_key_idx ON fastpubsub.subscriptions (topic_key);
@@ -88,6 +125,9 @@ CREATE TABLE fastpubsub.messages (
     payload jsonb NOT NULL,
     attributes jsonb,
     priority smallint NOT NULL DEFAULT 0,
+    -- A message's own expiry (ttl_seconds or expires_at when published); NULL
+    -- costs no space in the row.
+    expires_at timestamptz,
     PRIMARY KEY (topic_key, id)
 );
 -- Reports and retention read messages by time; BRIN costs almost nothing to keep.
@@ -149,6 +189,17 @@ CREATE TABLE fastpubsub.acked_deliveries (
     PRIMARY KEY (subscription_key, message_id)
 );
 CREATE INDEX acked_deliveries_acked_at_brin ON fastpubsub.acked_deliveries USING brin (acked_at);
+
+-- Counters of a subscription, one row each, written only when the options
+-- they count are in use: the backlog (maintained while max_backlog is set, so
+-- that publish never counts rows), and the messages that expired (TTL,
+-- retention) or were dropped to make room (drop_oldest).
+CREATE TABLE fastpubsub.subscription_counts (
+    subscription_key integer PRIMARY KEY,
+    backlog bigint NOT NULL DEFAULT 0,
+    expired bigint NOT NULL DEFAULT 0,
+    dropped bigint NOT NULL DEFAULT 0
+);
 
 -- A repeated idempotency key on a topic returns the original message id.
 CREATE TABLE fastpubsub.idempotency_keys (

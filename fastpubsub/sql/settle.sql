@@ -58,9 +58,8 @@ END
 $$;
 
 -- Give the leased rows at p_rows back: they return after the subscription's
--- backoff of min(backoff_max, backoff_min * 2^(attempts-1)) seconds, or go to
--- the DLQ once max_delivery_attempts is used up, or at once when p_requeue is
--- false. Returns the message ids given back, those dead-lettered, and how many
+-- backoff (_retry_delay), or go to the DLQ once max_delivery_attempts is used
+-- up, or at once when p_requeue is false. Returns the message ids given back, those dead-lettered, and how many
 -- are deliverable again at once (backoff 0). Waiting
 -- consumers hear of messages back in the queue now (or of a new due time); a
 -- registered stream also hears `settled:<subscription>`.
@@ -76,9 +75,7 @@ BEGIN
         SET status = CASE WHEN d.attempts >= s.max_delivery_attempts OR NOT p_requeue
                           THEN 'dlq' ELSE 'scheduled' END::fastpubsub.delivery_status,
             visible_at = CASE WHEN d.attempts >= s.max_delivery_attempts OR NOT p_requeue THEN now()
-                              ELSE now() + make_interval(secs => least(
-                                  s.backoff_max_seconds::double precision,
-                                  s.backoff_min_seconds * power(2::double precision, greatest(d.attempts, 1) - 1)))
+                              ELSE now() + make_interval(secs => fastpubsub._retry_delay(s, d.attempts))
                          END,
             lease_until = NULL,
             leased_at = NULL,
@@ -99,6 +96,24 @@ BEGIN
                                CASE WHEN s.streaming_until > now() THEN cardinality(done) END], NULL));
     END IF;
 END
+$$;
+
+-- Seconds before a message that failed its p_attempts-th attempt is tried
+-- again, by the subscription's retry_policy: fixed backoff_min, linear
+-- backoff_min * attempts, or exponential backoff_min * 2^(attempts-1); capped
+-- at backoff_max; retry_jitter takes up to that fraction off at random. One
+-- expression, inlined into _nack_rows.
+CREATE OR REPLACE FUNCTION fastpubsub._retry_delay(s fastpubsub.subscriptions, p_attempts integer)
+RETURNS double precision
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT least(s.backoff_max_seconds::double precision,
+                 CASE s.retry_policy
+                     WHEN 'fixed' THEN s.backoff_min_seconds::double precision
+                     WHEN 'linear' THEN s.backoff_min_seconds * greatest(p_attempts, 1)::double precision
+                     ELSE s.backoff_min_seconds * power(2::double precision, greatest(p_attempts, 1) - 1)
+                 END)
+           * (1 - s.retry_jitter * random())
 $$;
 
 -- Move the deadline of the leased rows at p_rows to now + p_seconds (0 ends
@@ -139,8 +154,13 @@ SET enable_mergejoin = off
 AS $$
 DECLARE
     s fastpubsub.subscriptions := fastpubsub._subscription(p_subscription_id);
+    n integer;
 BEGIN
-    RETURN cardinality(fastpubsub._ack_rows(s, fastpubsub._held(s.key, p_ids)));
+    n := cardinality(fastpubsub._ack_rows(s, fastpubsub._held(s.key, p_ids)));
+    IF n > 0 AND s.max_backlog IS NOT NULL THEN
+        PERFORM fastpubsub._count(s.key, -n, 0, 0);
+    END IF;
+    RETURN n;
 END
 $$;
 
@@ -163,6 +183,9 @@ BEGIN
     v := fastpubsub._nack_rows(s, fastpubsub._held(s.key, p_ids), true);
     nacked := cardinality(v.done);
     dead_lettered := cardinality(v.dead);
+    IF dead_lettered > 0 AND s.max_backlog IS NOT NULL THEN
+        PERFORM fastpubsub._count(s.key, -dead_lettered, 0, 0);
+    END IF;
 END
 $$;
 
@@ -196,7 +219,9 @@ $$;
 -- other in request order: an id or receipt counts for the first request that
 -- names it, and a receipt only when it names the lease that was settled. A
 -- group's `ready` comes with its first request (the others say 0).
--- All are committed or none is; a caller that gets an error retries the
+-- Backlog counts of subscriptions with a max_backlog change once, at the end,
+-- in key order (_count_all). All are committed or none is; a caller that gets
+-- an error retries the
 -- requests one at a time to find whose it was.
 CREATE OR REPLACE FUNCTION fastpubsub._settle_batch(p_requests jsonb)
 RETURNS TABLE(result jsonb)
@@ -225,6 +250,8 @@ DECLARE
     v_ready integer;
     v_nacked record;
     v_member integer;
+    v_counted integer[] := '{}';
+    v_left bigint[] := '{}';
 BEGIN
     FOR g IN
         SELECT x.request ->> 'subscription' AS subscription, x.request ->> 'action' AS action,
@@ -268,6 +295,11 @@ BEGIN
             END IF;
         ELSE
             RAISE EXCEPTION 'unknown settlement "%"', g.action USING ERRCODE = 'FP422';
+        END IF;
+        IF s.max_backlog IS NOT NULL AND g.action <> 'extend' THEN
+            -- acked and dead-lettered messages leave the backlog
+            v_counted := v_counted || s.key;
+            v_left := v_left || -cardinality(CASE WHEN g.action = 'ack' THEN v_done ELSE v_dead END)::bigint;
         END IF;
         -- Sets to look items up in (jsonb objects: each lookup a binary search,
         -- where scanning the arrays would cost the group's size squared).
@@ -313,6 +345,10 @@ BEGIN
         result := v_results[i];
         RETURN NEXT;
     END LOOP;
+    IF cardinality(v_counted) > 0 THEN
+        PERFORM fastpubsub._count_all(v_counted, v_left, array_fill(0::bigint, ARRAY[cardinality(v_counted)]),
+                                      array_fill(0::bigint, ARRAY[cardinality(v_counted)]));
+    END IF;
 END
 $$;
 
@@ -377,6 +413,9 @@ BEGIN
           AND (x.lease_until IS NULL OR x.lease_until <= now()) AND x.attempts >= s.max_delivery_attempts
         FOR UPDATE SKIP LOCKED));
     GET DIAGNOSTICS n = ROW_COUNT;
+    IF n > 0 AND s.max_backlog IS NOT NULL THEN
+        PERFORM fastpubsub._count(s.key, -n, 0, 0);
+    END IF;
     RETURN n;
 END
 $$;

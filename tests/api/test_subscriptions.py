@@ -116,6 +116,8 @@ async def test_ack_and_nack(api: httpx.AsyncClient) -> None:
         "acked": 1,
         "dlq": 0,
         "oldest_available_age_seconds": 0.0,
+        "expired": 0,
+        "dropped": 0,
     }
     assert await consume(api) == []  # the nacked one waits out its backoff
     assert (await api.post("/subscriptions/s/acks", json=[])).status_code == 204

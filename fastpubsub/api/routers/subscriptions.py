@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from datetime import datetime
+from typing import Annotated
 
-from fastpubsub.api.deps import DatabaseDep, PrincipalDep, SettingsDep
+from fastapi import APIRouter, Query, Response
+
+from fastpubsub.api.deps import BackfillsDep, DatabaseDep, PrincipalDep, SettingsDep
 from fastpubsub.api.errors import error_responses
 from fastpubsub.api.params import IdList, Limit, Offset, SubscriptionId
 from fastpubsub.api.schemas import (
+    MAX_PEEK,
     MessageOut,
     MetricsOut,
     Page,
+    PeekedMessageOut,
     SeekRequest,
     SeekResult,
     SubscriptionCreate,
@@ -33,6 +38,13 @@ def _out(s: Subscription) -> SubscriptionOut:
         ack_deadline_seconds=s.ack_deadline_seconds,
         created_at=s.created_at,
         updated_at=s.updated_at,
+        retry_policy=s.retry_policy,  # type: ignore[arg-type]  # the database's values
+        retry_jitter=s.retry_jitter,
+        message_ttl_seconds=s.message_ttl_seconds,
+        expiry_policy=s.expiry_policy,  # type: ignore[arg-type]
+        max_backlog=s.max_backlog,
+        backlog_policy=s.backlog_policy,  # type: ignore[arg-type]
+        backfilling=s.backfilling,
     )
 
 
@@ -42,11 +54,19 @@ def _out(s: Subscription) -> SubscriptionOut:
     summary="Create a subscription",
     description="Needs `subscriptions:create` (on its id) and `topics:subscribe` (on its topic): a "
     "subscription reads everything published to its topic. Both are checked before anything else, so a "
-    "client without them learns nothing, not even whether the topic exists.",
+    "client without them learns nothing, not even whether the topic exists. With `start` `earliest` or a "
+    "time, the topic's retained messages are added after the subscription is created, oldest first, in "
+    "batches of their own transactions: the request adds them for up to a second, the server the rest "
+    "(`backfilling` is true until then). Meanwhile new messages arrive as usual, so some may be delivered "
+    "before older retained ones.",
     responses=error_responses(401, 403, 404, 409, 422),
 )
 async def create_subscription(
-    body: SubscriptionCreate, database: DatabaseDep, principal: PrincipalDep, settings: SettingsDep
+    body: SubscriptionCreate,
+    database: DatabaseDep,
+    principal: PrincipalDep,
+    settings: SettingsDep,
+    backfills: BackfillsDep,
 ) -> SubscriptionOut:
     principal.require("subscriptions:create", body.id)
     principal.require("topics:subscribe", body.topic_id)
@@ -66,7 +86,16 @@ async def create_subscription(
             else max(settings.subscription_backoff_max_seconds, body.backoff_min_seconds or 0)
         ),
         ack_deadline_seconds=body.ack_deadline_seconds or settings.subscription_ack_deadline_seconds,
+        retry_policy=body.retry_policy,
+        retry_jitter=body.retry_jitter,
+        message_ttl_seconds=body.message_ttl_seconds,
+        expiry_policy=body.expiry_policy,
+        max_backlog=body.max_backlog,
+        backlog_policy=body.backlog_policy,
+        start=body.start.isoformat() if isinstance(body.start, datetime) else body.start,
     )
+    if subscription.backfilling and await backfills.begin(subscription.id):
+        subscription = await database.get_subscription(subscription.id)
     return _out(subscription)
 
 
@@ -103,25 +132,53 @@ async def delete_subscription(
 @router.patch(
     "/{subscription_id}",
     summary="Change a subscription's filter or delivery policy",
-    description='Send only the fields to change; `"filter": null` removes the filter. A new filter '
-    "applies to messages published afterwards. Needs `subscriptions:update` (`subscriptions:create` "
-    "no longer allows it).",
+    description="Send only the fields to change; `null` removes the filter, the message TTL or the backlog "
+    "limit. A new filter applies to messages published afterwards, a new retry policy to attempts that fail "
+    "afterwards. Needs `subscriptions:update` (`subscriptions:create` no longer allows it).",
     responses=error_responses(401, 403, 404, 422),
 )
 async def update_subscription(
     subscription_id: SubscriptionId, body: SubscriptionUpdate, database: DatabaseDep, principal: PrincipalDep
 ) -> SubscriptionOut:
     principal.require("subscriptions:update", subscription_id)
-    subscription = await database.update_subscription(
-        subscription_id,
-        set_filter="filter" in body.model_fields_set,
-        filter=body.filter,
-        max_delivery_attempts=body.max_delivery_attempts,
-        backoff_min_seconds=body.backoff_min_seconds,
-        backoff_max_seconds=body.backoff_max_seconds,
-        ack_deadline_seconds=body.ack_deadline_seconds,
+    changes = body.changes()
+    if not changes:
+        return _out(await database.get_subscription(subscription_id))
+    return _out(await database.update_subscription(subscription_id, changes))
+
+
+@router.get(
+    "/{subscription_id}/peek",
+    summary="Peek: the next messages in delivery order, leasing nothing",
+    description="The messages a consume would deliver next (highest priority first, queue order within "
+    "one), with their delivery attempts and state; nothing is leased or changed. Needs "
+    "`subscriptions:peek`, a read-only scope of its own (it shows payloads).",
+    response_model=Page[PeekedMessageOut],
+    responses=error_responses(401, 403, 404, 422),
+)
+async def peek_messages(
+    subscription_id: SubscriptionId,
+    database: DatabaseDep,
+    principal: PrincipalDep,
+    limit: Annotated[int, Query(ge=1, le=MAX_PEEK)] = 10,
+) -> Page[PeekedMessageOut]:
+    principal.require("subscriptions:peek", subscription_id)
+    messages = await database.peek(subscription_id, limit)
+    return Page[PeekedMessageOut](
+        data=[
+            PeekedMessageOut(
+                id=m.id,
+                payload=m.payload,
+                attributes=m.attributes,
+                priority=m.priority,
+                delivery_attempts=m.attempts,
+                created_at=m.created_at,
+                state=m.state,  # type: ignore[arg-type]  # the database's three states
+                expires_at=m.expires_at,
+            )
+            for m in messages
+        ]
     )
-    return _out(subscription)
 
 
 @router.post(
@@ -191,4 +248,6 @@ async def subscription_metrics(
         acked=m.acked,
         dlq=m.dlq,
         oldest_available_age_seconds=m.oldest_available_age_seconds,
+        expired=m.expired,
+        dropped=m.dropped,
     )
