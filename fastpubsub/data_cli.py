@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from fastpubsub.client import AsyncClient, MessageOut
+    from fastpubsub.client.aio import SubscriptionPolicies
 
 T = TypeVar("T")
 
@@ -46,6 +47,42 @@ Attempts = Annotated[int | None, typer.Option(min=1, max=1000, help="Deliveries 
 BackoffMin = Annotated[int | None, typer.Option(min=0, max=86400, help="First retry delay, seconds")]
 BackoffMax = Annotated[int | None, typer.Option(min=0, max=86400, help="Longest retry delay, seconds")]
 AckDeadline = Annotated[int | None, typer.Option(min=1, max=3600, help="Lease length, seconds")]
+RetryPolicyOption = Annotated[
+    str | None,
+    typer.Option(
+        "--retry-policy", help="fixed, linear or exponential: the wait before a retry, from --backoff-min"
+    ),
+]
+Jitter = Annotated[
+    float | None, typer.Option("--retry-jitter", min=0, max=1, help="Take up to this fraction off each wait")
+]
+Ttl = Annotated[
+    int | None,
+    typer.Option(
+        "--ttl", min=1, max=315360000, help="Messages older than this (seconds) are never delivered"
+    ),
+]
+ExpiryPolicyOption = Annotated[
+    str | None, typer.Option("--expiry-policy", help="drop or dead_letter: what becomes of expired messages")
+]
+MaxBacklog = Annotated[
+    int | None,
+    typer.Option(
+        "--max-backlog", min=1, max=1000000000, help="Messages waiting, in flight or delayed at most"
+    ),
+]
+BacklogPolicyOption = Annotated[
+    str | None,
+    typer.Option(
+        "--backlog-policy", help="reject (a 429 for the publish) or drop_oldest, past --max-backlog"
+    ),
+]
+Retention = Annotated[
+    int | None,
+    typer.Option(
+        "--retention-seconds", min=60, max=315360000, help="Cleanup deletes its messages once this old"
+    ),
+]
 
 topics_app = typer.Typer(help="Create, list, show and delete topics.", no_args_is_help=True)
 subscriptions_app = typer.Typer(
@@ -186,9 +223,11 @@ def _messages(messages: Sequence[MessageOut], as_json: bool, empty: str) -> None
 
 
 @topics_app.command("create")
-def topics_create(topic_id: TopicArg, url: Url = None, as_json: Json = False) -> None:
+def topics_create(
+    topic_id: TopicArg, retention_seconds: Retention = None, url: Url = None, as_json: Json = False
+) -> None:
     """Create a topic."""
-    topic = _call(url, lambda client: client.create_topic(topic_id))
+    topic = _call(url, lambda client: client.create_topic(topic_id, retention_seconds=retention_seconds))
     if as_json:
         _fields(topic, as_json)
     else:
@@ -211,6 +250,56 @@ def topics_get(topic_id: TopicArg, url: Url = None, as_json: Json = False) -> No
     _fields(_call(url, lambda client: client.get_topic(topic_id)), as_json)
 
 
+@topics_app.command("update")
+def topics_update(
+    topic_id: TopicArg,
+    retention_seconds: Retention = None,
+    no_retention: Annotated[bool, typer.Option("--no-retention", help="Remove the retention")] = False,
+    url: Url = None,
+    as_json: Json = False,
+) -> None:
+    """Change a topic's retention."""
+    if no_retention and retention_seconds is not None:
+        raise _invalid("give --retention-seconds or --no-retention, not both")
+    if no_retention:
+        topic = _call(url, lambda client: client.update_topic(topic_id, retention_seconds=None))
+    elif retention_seconds is not None:
+        topic = _call(url, lambda client: client.update_topic(topic_id, retention_seconds=retention_seconds))
+    else:
+        topic = _call(url, lambda client: client.get_topic(topic_id))
+    _fields(topic, as_json)
+
+
+@topics_app.command("stats")
+def topics_stats(topic_id: TopicArg, url: Url = None, as_json: Json = False) -> None:
+    """A topic's subscriptions with their backlogs, its retained messages and recent publishing."""
+    stats = _call(url, lambda client: client.topic_stats(topic_id))
+    if as_json:
+        _fields(stats, as_json)
+        return
+    typer.echo(
+        f"topic {stats.topic_id}: {_count(stats.messages_retained, 'message')} retained, "
+        f"{stats.published_last_minute} published in the last minute, {stats.published_last_hour} in the "
+        f"last hour, oldest {stats.oldest_message_age_seconds:.0f} s"
+    )
+    rows = [
+        (
+            s.subscription_id,
+            s.backlog,
+            s.max_backlog,
+            s.in_flight,
+            s.delayed,
+            s.dlq,
+            s.expired,
+            s.dropped,
+            f"{s.oldest_available_age_seconds:.0f} s",
+        )
+        for s in stats.subscriptions
+    ]
+    header = ("SUBSCRIPTION", "BACKLOG", "MAX", "IN FLIGHT", "DELAYED", "DLQ", "EXPIRED", "DROPPED", "OLDEST")
+    _table(rows, header, "(no subscriptions)")
+
+
 @topics_app.command("delete")
 def topics_delete(topic_id: TopicArg, url: Url = None) -> None:
     """Delete a topic with its subscriptions and messages."""
@@ -221,19 +310,19 @@ def topics_delete(topic_id: TopicArg, url: Url = None) -> None:
 # -- subscriptions ---------------------------------------------------------------------------------
 
 
-def _policy(
-    max_delivery_attempts: int | None,
-    backoff_min: int | None,
-    backoff_max: int | None,
-    ack_deadline: int | None,
-) -> dict[str, int | None]:
-    """The delivery-policy options by the API's names (None: the server's default, or unchanged)."""
-    return {
-        "max_delivery_attempts": max_delivery_attempts,
-        "backoff_min_seconds": backoff_min,
-        "backoff_max_seconds": backoff_max,
-        "ack_deadline_seconds": ack_deadline,
-    }
+def _choice(value: str | None, option: str, choices: tuple[str, ...]) -> Any:
+    if value is not None and value not in choices:
+        raise _invalid(f'{option} must be one of {", ".join(choices)}, not "{value}"')
+    return value
+
+
+def _policy(**options: Any) -> SubscriptionPolicies:
+    """The delivery-policy options given (by the API's names); those left out are not sent."""
+    _choice(options.get("retry_policy"), "--retry-policy", ("fixed", "linear", "exponential"))
+    _choice(options.get("expiry_policy"), "--expiry-policy", ("drop", "dead_letter"))
+    _choice(options.get("backlog_policy"), "--backlog-policy", ("reject", "drop_oldest"))
+    given: Any = {name: value for name, value in options.items() if value is not None}
+    return given  # type: ignore[no-any-return]  # names and types as SubscriptionPolicies has them
 
 
 @subscriptions_app.command("create")
@@ -245,22 +334,45 @@ def subscriptions_create(
     backoff_min: BackoffMin = None,
     backoff_max: BackoffMax = None,
     ack_deadline: AckDeadline = None,
+    retry_policy: RetryPolicyOption = None,
+    retry_jitter: Jitter = None,
+    ttl: Ttl = None,
+    expiry_policy: ExpiryPolicyOption = None,
+    max_backlog: MaxBacklog = None,
+    backlog_policy: BacklogPolicyOption = None,
+    start: Annotated[
+        str,
+        typer.Option(help="latest, earliest (every retained message too) or an ISO 8601 time with a zone"),
+    ] = "latest",
     url: Url = None,
     as_json: Json = False,
 ) -> None:
     """Create a subscription (policies left out take the server's defaults)."""
     subscription_filter = _filter(filter_json)
-    policy = _policy(max_delivery_attempts, backoff_min, backoff_max, ack_deadline)
+    policy = _policy(
+        max_delivery_attempts=max_delivery_attempts,
+        backoff_min_seconds=backoff_min,
+        backoff_max_seconds=backoff_max,
+        ack_deadline_seconds=ack_deadline,
+        retry_policy=retry_policy,
+        retry_jitter=retry_jitter,
+        message_ttl_seconds=ttl,
+        expiry_policy=expiry_policy,
+        max_backlog=max_backlog,
+        backlog_policy=backlog_policy,
+    )
+    begin: Any = start if start in ("latest", "earliest") else _time(start)
     subscription = _call(
         url,
         lambda client: client.create_subscription(
-            subscription_id, topic, filter=subscription_filter, **policy
+            subscription_id, topic, filter=subscription_filter, start=begin, **policy
         ),
     )
     if as_json:
         _fields(subscription, as_json)
     else:
-        typer.echo(f"created subscription {subscription.id} on topic {subscription.topic_id}")
+        filling = " (adding its retained messages)" if subscription.backfilling else ""
+        typer.echo(f"created subscription {subscription.id} on topic {subscription.topic_id}{filling}")
 
 
 @subscriptions_app.command("list")
@@ -294,14 +406,41 @@ def subscriptions_update(
     backoff_min: BackoffMin = None,
     backoff_max: BackoffMax = None,
     ack_deadline: AckDeadline = None,
+    retry_policy: RetryPolicyOption = None,
+    retry_jitter: Jitter = None,
+    ttl: Ttl = None,
+    no_ttl: Annotated[bool, typer.Option("--no-ttl", help="Remove the message TTL")] = False,
+    expiry_policy: ExpiryPolicyOption = None,
+    max_backlog: MaxBacklog = None,
+    no_max_backlog: Annotated[
+        bool, typer.Option("--no-max-backlog", help="Remove the backlog limit")
+    ] = False,
+    backlog_policy: BacklogPolicyOption = None,
     url: Url = None,
     as_json: Json = False,
 ) -> None:
     """Change what is given; the rest stays."""
     from fastpubsub.client import UNSET
 
+    if (no_ttl and ttl is not None) or (no_max_backlog and max_backlog is not None):
+        raise _invalid("give a value or remove it (--no-ttl, --no-max-backlog), not both")
     subscription_filter = UNSET if filter_json is None else _filter(filter_json)
-    policy = _policy(max_delivery_attempts, backoff_min, backoff_max, ack_deadline)
+    policy = _policy(
+        max_delivery_attempts=max_delivery_attempts,
+        backoff_min_seconds=backoff_min,
+        backoff_max_seconds=backoff_max,
+        ack_deadline_seconds=ack_deadline,
+        retry_policy=retry_policy,
+        retry_jitter=retry_jitter,
+        message_ttl_seconds=ttl,
+        expiry_policy=expiry_policy,
+        max_backlog=max_backlog,
+        backlog_policy=backlog_policy,
+    )
+    if no_ttl:
+        policy["message_ttl_seconds"] = None
+    if no_max_backlog:
+        policy["max_backlog"] = None
     subscription = _call(
         url, lambda client: client.update_subscription(subscription_id, filter=subscription_filter, **policy)
     )
@@ -321,6 +460,33 @@ def subscriptions_metrics(subscription_id: SubscriptionArg, url: Url = None, as_
     _fields(_call(url, lambda client: client.metrics(subscription_id)), as_json)
 
 
+@subscriptions_app.command("peek")
+def subscriptions_peek(
+    subscription_id: SubscriptionArg,
+    limit: Annotated[int, typer.Option(min=1, max=100, help="At most this many")] = 10,
+    url: Url = None,
+    as_json: Json = False,
+) -> None:
+    """The next messages in delivery order, with attempts and state; nothing is leased."""
+    messages = _call(url, lambda client: client.peek(subscription_id, limit))
+    if as_json:
+        typer.echo(_dump(_jsonable(messages)))
+        return
+    rows = [(m.id, m.state, m.delivery_attempts, m.priority, m.attributes, m.payload) for m in messages]
+    _table(rows, ("ID", "STATE", "ATTEMPTS", "PRIORITY", "ATTRIBUTES", "PAYLOAD"), "(nothing waiting)")
+
+
+def _time(text: str) -> datetime:
+    """An ISO 8601 time with a zone from the command line."""
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise _invalid(f'"{text}" is not an ISO 8601 time') from None
+    if when.tzinfo is None:
+        raise _invalid(f'"{text}" has no time zone (add Z or +00:00)')
+    return when
+
+
 @subscriptions_app.command("seek")
 def subscriptions_seek(
     subscription_id: SubscriptionArg,
@@ -329,12 +495,7 @@ def subscriptions_seek(
     as_json: Json = False,
 ) -> None:
     """Replay: deliver again the retained messages published from TIME on."""
-    try:
-        when = datetime.fromisoformat(time)
-    except ValueError:
-        raise _invalid(f'"{time}" is not an ISO 8601 time') from None
-    if when.tzinfo is None:
-        raise _invalid(f'"{time}" has no time zone (add Z or +00:00)')
+    when = _time(time)
     result = _call(url, lambda client: client.seek(subscription_id, when))
     if as_json:
         _fields(result, as_json)
@@ -360,6 +521,9 @@ def publish(
     idempotency_key: Annotated[
         str | None, typer.Option(help="A repeat returns the original id (one message only)")
     ] = None,
+    ttl: Annotated[
+        float | None, typer.Option(min=0.001, help="Never delivered once this many seconds old")
+    ] = None,
     url: Url = None,
     as_json: Json = False,
 ) -> None:
@@ -382,6 +546,7 @@ def publish(
         "attributes": attributes or None,
         "delay_seconds": delay,
         "idempotency_key": idempotency_key,
+        "ttl_seconds": ttl,
     }
     ids: list[str] = []
 

@@ -8,7 +8,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Final, TypedDict, Unpack
+from typing import Any, Final, Literal, TypedDict, Unpack
 from uuid import UUID
 
 import httpx
@@ -26,10 +26,12 @@ from fastpubsub.api.schemas import (
     MessageOut,
     MetricsOut,
     NackResults,
+    PeekedMessageOut,
     PublishMessage,
     SeekResult,
     SubscriptionOut,
     TopicOut,
+    TopicStatsOut,
 )
 from fastpubsub.client.closing import AsyncClosing
 from fastpubsub.client.http import Connection, Credentials, Retry, path
@@ -98,6 +100,29 @@ class PublishOptions(TypedDict, total=False):
     """Not delivered before this time (timezone-aware)."""
     priority: int
     """0-9, higher first (default 0)."""
+    ttl_seconds: float | None
+    """Never delivered once this many seconds old (dropped or dead-lettered, as each subscription says)."""
+    expires_at: datetime | None
+    """Never delivered from this time on (timezone-aware)."""
+
+
+class SubscriptionPolicies(TypedDict, total=False):
+    """A subscription's delivery policy (see POST /subscriptions); what is left out takes its default."""
+
+    max_delivery_attempts: int
+    backoff_min_seconds: int
+    backoff_max_seconds: int
+    ack_deadline_seconds: int
+    retry_policy: Literal["fixed", "linear", "exponential"]
+    """The wait before a retry: backoff_min, backoff_min * attempts or backoff_min * 2^(attempts-1)."""
+    retry_jitter: float
+    """Take up to this fraction (0-1) off each wait, at random."""
+    message_ttl_seconds: int | None
+    """Messages older than this are never delivered (None, in an update: no TTL)."""
+    expiry_policy: Literal["drop", "dead_letter"]
+    max_backlog: int | None
+    """Messages waiting, in flight or delayed at most (None, in an update: no limit)."""
+    backlog_policy: Literal["reject", "drop_oldest"]
 
 
 class AsyncClient(AsyncClosing):
@@ -141,11 +166,23 @@ class AsyncClient(AsyncClosing):
         return await self.connection.json(method, url, idempotent=idempotent, **kwargs)
 
     # -- topics ---------------------------------------------------------------------------
-    async def create_topic(self, topic_id: str) -> TopicOut:
-        """Create a topic."""
-        return TopicOut.model_validate(
-            await self._json("POST", "/topics", body={"id": topic_id}, idempotent=False)
-        )
+    async def create_topic(self, topic_id: str, *, retention_seconds: int | None = None) -> TopicOut:
+        """Create a topic; with `retention_seconds`, cleanup deletes its messages once that old."""
+        body = {"id": topic_id, **_given(retention_seconds=retention_seconds)}
+        return TopicOut.model_validate(await self._json("POST", "/topics", body=body, idempotent=False))
+
+    async def update_topic(
+        self, topic_id: str, *, retention_seconds: int | _Unset | None = UNSET
+    ) -> TopicOut:
+        """Change a topic's retention (None removes it)."""
+        body = {} if isinstance(retention_seconds, _Unset) else {"retention_seconds": retention_seconds}
+        answer = await self._json("PATCH", path("topics", topic_id), body=body, idempotent=True)
+        return TopicOut.model_validate(answer)
+
+    async def topic_stats(self, topic_id: str) -> TopicStatsOut:
+        """A topic's subscriptions with their backlogs, its retained messages and recent publishing."""
+        answer = await self._json("GET", path("topics", topic_id, "stats"), idempotent=True)
+        return TopicStatsOut.model_validate(answer)
 
     async def list_topics(self, offset: int = 0, limit: int = 100) -> list[TopicOut]:
         """Topics, by id."""
@@ -190,21 +227,18 @@ class AsyncClient(AsyncClosing):
         topic_id: str,
         *,
         filter: Mapping[str, Any] | None = None,
-        max_delivery_attempts: int | None = None,
-        backoff_min_seconds: int | None = None,
-        backoff_max_seconds: int | None = None,
-        ack_deadline_seconds: int | None = None,
+        start: Literal["latest", "earliest"] | datetime = "latest",
+        **policies: Unpack[SubscriptionPolicies],
     ) -> SubscriptionOut:
-        """Create a subscription; policies left out take the server's defaults."""
-        body = {"id": subscription_id, "topic_id": topic_id, "filter": filter}
-        body.update(
-            _given(
-                max_delivery_attempts=max_delivery_attempts,
-                backoff_min_seconds=backoff_min_seconds,
-                backoff_max_seconds=backoff_max_seconds,
-                ack_deadline_seconds=ack_deadline_seconds,
-            )
-        )
+        """Create a subscription; policies left out take the server's defaults.
+
+        `start`: "latest" (messages published from now on), "earliest" (also every retained message of
+        the topic) or a timezone-aware time (also those retained published from then on).
+        """
+        body: dict[str, Any] = {"id": subscription_id, "topic_id": topic_id, "filter": filter}
+        body.update(_given(**policies))
+        if start != "latest":
+            body["start"] = start
         answer = await self._json("POST", "/subscriptions", body=body, idempotent=False)
         return SubscriptionOut.model_validate(answer)
 
@@ -225,18 +259,11 @@ class AsyncClient(AsyncClosing):
         subscription_id: str,
         *,
         filter: Mapping[str, Any] | _Unset | None = UNSET,
-        max_delivery_attempts: int | None = None,
-        backoff_min_seconds: int | None = None,
-        backoff_max_seconds: int | None = None,
-        ack_deadline_seconds: int | None = None,
+        **policies: Unpack[SubscriptionPolicies],
     ) -> SubscriptionOut:
-        """Change what is given (`filter=None` removes the filter); the whole subscription."""
-        body: dict[str, Any] = _given(
-            max_delivery_attempts=max_delivery_attempts,
-            backoff_min_seconds=backoff_min_seconds,
-            backoff_max_seconds=backoff_max_seconds,
-            ack_deadline_seconds=ack_deadline_seconds,
-        )
+        """Change what is given (`filter=None` removes the filter, `message_ttl_seconds=None` the TTL,
+        `max_backlog=None` the limit); the whole subscription."""
+        body: dict[str, Any] = dict(policies)
         if not isinstance(filter, _Unset):
             body["filter"] = filter
         answer = await self._json("PATCH", path("subscriptions", subscription_id), body=body, idempotent=True)
@@ -254,6 +281,13 @@ class AsyncClient(AsyncClosing):
             "POST", path("subscriptions", subscription_id, "seek"), body={"time": time}, idempotent=True
         )
         return SeekResult.model_validate(answer)
+
+    async def peek(self, subscription_id: str, limit: int = 10) -> list[PeekedMessageOut]:
+        """The next messages a consume would deliver, in its order, leasing nothing."""
+        page = await self._json(
+            "GET", path("subscriptions", subscription_id, "peek"), params={"limit": limit}, idempotent=True
+        )
+        return [PeekedMessageOut.model_validate(message) for message in page["data"]]
 
     async def metrics(self, subscription_id: str) -> MetricsOut:
         """Counts (available, delivered, delayed, acked, dlq) and the oldest message's age."""
@@ -501,4 +535,8 @@ def encode(message: PublishMessage) -> bytes:
         fields["deliver_at"] = message.deliver_at
     if message.priority:
         fields["priority"] = message.priority
+    if message.ttl_seconds is not None:
+        fields["ttl_seconds"] = message.ttl_seconds
+    if message.expires_at is not None:
+        fields["expires_at"] = message.expires_at
     return jsoncodec.dumps(fields)
