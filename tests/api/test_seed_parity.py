@@ -40,7 +40,7 @@ async def envelopes(api: httpx.AsyncClient, *messages: dict[str, Any], topic: st
 
 
 def age(conn: psycopg.Connection, n: int, interval: str) -> None:
-    """Make message {"n": n} look published `interval` ago: its id carries the time, so every reference moves."""
+    """Make message {"n": n} look published `interval` ago: its id carries the time, so all of it moves."""
     old, new = conn.execute(
         "SELECT id, fastpubsub._message_id(now() - %s::interval, 0) FROM fastpubsub.messages "
         "WHERE payload ->> 'n' = %s",
@@ -192,7 +192,8 @@ async def test_a_message_with_its_own_ttl_or_expiry_is_never_delivered_after_it(
         (3, "available"),
         (4, "available"),
     ]
-    assert peeked[2]["expires_at"] is not None and peeked[3]["expires_at"] is None
+    assert peeked[2]["expires_at"] is not None
+    assert peeked[3]["expires_at"] is None
     assert [m["payload"]["n"] for m in await consume(api)] == [3, 4]
     assert (await api.get("/subscriptions/s/metrics")).json()["expired"] == 2
     # dropped for good: their messages are gone too, nothing else referred to them
