@@ -90,6 +90,40 @@ def test_one_bad_request_fails_the_whole_batch_and_nothing_is_stored(topics: psy
     assert topics.execute("SELECT count(*) FROM fastpubsub.messages").fetchone() == (0,)
 
 
+def limited(conn: psycopg.Connection, policy: str) -> None:
+    """Topic "lim" whose one subscription holds at most two messages."""
+    conn.execute("""SELECT fastpubsub.create_topic('lim')""")
+    conn.execute(
+        "SELECT fastpubsub.create_subscription('lim-s', 'lim', %s::jsonb, 'latest')",
+        (json.dumps({"max_backlog": 2, "backlog_policy": policy}),),
+    )
+
+
+def test_requests_to_a_topic_with_backlog_limits_are_published_one_by_one(topics: psycopg.Connection) -> None:
+    """Limits apply request by request, as if each came alone: merged, these four would not fit."""
+    limited(topics, "drop_oldest")
+    rows = publish_batch(topics, [("lim", [{"n": 1}, {"n": 2}], False), ("lim", [{"n": 3}, {"n": 4}], False)])
+    assert [(len(row[0]), row[1]) for row in rows] == [(2, ["lim-s"]), (2, ["lim-s"])]  # a _publish each
+    assert [row[1]["n"] for row in consume(topics, "lim-s", n=10)] == [3, 4]  # 1 and 2 made room
+
+
+def test_a_rejected_request_fails_for_its_own_messages_only(topics: psycopg.Connection) -> None:
+    """FP429 fails the batch with nothing stored; written one by one (as GroupCommit does), only it fails."""
+    limited(topics, "reject")
+    batch = [("lim", [{"n": 1}], False), ("a", [{"n": 2}], False), ("lim", [{"n": 3}, {"n": 4}], False)]
+    with pytest.raises(psycopg.Error) as info:
+        publish_batch(topics, batch)
+    assert info.value.sqlstate == "FP429"
+    assert info.value.diag.message_detail == "lim-s"
+    assert topics.execute("SELECT count(*) FROM fastpubsub.messages").fetchone() == (0,)
+    assert len(publish_batch(topics, batch[:1])[0][0]) == 1
+    assert len(publish_batch(topics, batch[1:2])[0][0]) == 1
+    with pytest.raises(psycopg.Error) as info:
+        publish_batch(topics, batch[2:])
+    assert info.value.sqlstate == "FP429"
+    assert [row[1]["n"] for row in consume(topics, "lim-s", n=10)] == [1]
+
+
 def test_idempotency_keys_hold_across_requests_of_one_batch(topics: psycopg.Connection) -> None:
     keyed = [{"payload": {"n": 1}, "idempotency_key": "k"}]
     first, second = publish_batch(topics, [("a", keyed, True), ("a", keyed, True)])
