@@ -27,6 +27,7 @@ from fastpubsub.dev import DevServer
 from fastpubsub.exceptions import (
     AlreadyExistsError,
     AuthenticationError,
+    BacklogFullError,
     ConfigurationError,
     DatabaseUnavailableError,
     EmbeddedDatabaseError,
@@ -54,6 +55,7 @@ EXIT_CODES: dict[type[FastPubSubError], int] = {
     EmbeddedDatabaseError: 6,
     AuthenticationError: 7,
     PermissionDeniedError: 7,
+    BacklogFullError: 8,
 }
 
 _state = {"verbose": False}

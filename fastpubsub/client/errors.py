@@ -7,6 +7,7 @@ well as one from the database layer, and the CLI gives both the same exit code.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fastpubsub import exceptions
@@ -60,6 +61,15 @@ class PayloadTooLargeError(APIError, exceptions.PayloadTooLargeError):
     status = 413
 
 
+class BacklogFullError(APIError, exceptions.BacklogFullError):
+    """A subscription of the topic is at its max_backlog (429 to a publish): nothing was published.
+
+    `subscription_id` names it.
+    """
+
+    status = 429
+
+
 class DatabaseUnavailableError(APIError, exceptions.DatabaseUnavailableError):
     """The server cannot reach its database right now (503)."""
 
@@ -101,8 +111,17 @@ def detail_text(detail: Any) -> str:
     return str(detail)
 
 
+# The server names the full subscription first in a refused publish's detail.
+_FULL_SUBSCRIPTION = re.compile(r'^subscription "([^"]+)" is full')
+
+
 def for_status(status: int, detail: Any, method: str, path: str) -> APIError:
     """The error for an answer with this status and `detail` body."""
     cls = _BY_STATUS.get(status, APIError)
     text = detail_text(detail) if detail is not None else f"{method} {path} answered {status}"
+    full = _FULL_SUBSCRIPTION.match(text) if status == 429 and method == "POST" else None
+    if full is not None:  # (429 also answers too many failed token requests)
+        error = BacklogFullError(text, status=status, detail=detail)
+        error.subscription_id = full.group(1)
+        return error
     return cls(text, status=status, detail=detail)
