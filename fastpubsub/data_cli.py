@@ -316,12 +316,30 @@ def _choice(value: str | None, option: str, choices: tuple[str, ...]) -> Any:
     return value
 
 
-def _policy(**options: Any) -> SubscriptionPolicies:
-    """The delivery-policy options given (by the API's names); those left out are not sent."""
-    _choice(options.get("retry_policy"), "--retry-policy", ("fixed", "linear", "exponential"))
-    _choice(options.get("expiry_policy"), "--expiry-policy", ("drop", "dead_letter"))
-    _choice(options.get("backlog_policy"), "--backlog-policy", ("reject", "drop_oldest"))
-    given: Any = {name: value for name, value in options.items() if value is not None}
+# The delivery-policy parameters of `subscriptions create` and `update`, and their names in the API.
+_POLICY_NAMES = {
+    "max_delivery_attempts": "max_delivery_attempts",
+    "backoff_min": "backoff_min_seconds",
+    "backoff_max": "backoff_max_seconds",
+    "ack_deadline": "ack_deadline_seconds",
+    "retry_policy": "retry_policy",
+    "retry_jitter": "retry_jitter",
+    "ttl": "message_ttl_seconds",
+    "expiry_policy": "expiry_policy",
+    "max_backlog": "max_backlog",
+    "backlog_policy": "backlog_policy",
+}
+
+
+def _policy(parameters: dict[str, Any]) -> SubscriptionPolicies:
+    """The delivery-policy options a command was given (its parameters, by name), by the API's names;
+    those left out are not sent."""
+    _choice(parameters["retry_policy"], "--retry-policy", ("fixed", "linear", "exponential"))
+    _choice(parameters["expiry_policy"], "--expiry-policy", ("drop", "dead_letter"))
+    _choice(parameters["backlog_policy"], "--backlog-policy", ("reject", "drop_oldest"))
+    given: Any = {
+        api: parameters[name] for name, api in _POLICY_NAMES.items() if parameters[name] is not None
+    }
     return given  # type: ignore[no-any-return]  # names and types as SubscriptionPolicies has them
 
 
@@ -349,18 +367,7 @@ def subscriptions_create(
 ) -> None:
     """Create a subscription (policies left out take the server's defaults)."""
     subscription_filter = _filter(filter_json)
-    policy = _policy(
-        max_delivery_attempts=max_delivery_attempts,
-        backoff_min_seconds=backoff_min,
-        backoff_max_seconds=backoff_max,
-        ack_deadline_seconds=ack_deadline,
-        retry_policy=retry_policy,
-        retry_jitter=retry_jitter,
-        message_ttl_seconds=ttl,
-        expiry_policy=expiry_policy,
-        max_backlog=max_backlog,
-        backlog_policy=backlog_policy,
-    )
+    policy = _policy(locals())
     begin: Any = start if start in ("latest", "earliest") else _time(start)
     subscription = _call(
         url,
@@ -425,18 +432,7 @@ def subscriptions_update(
     if (no_ttl and ttl is not None) or (no_max_backlog and max_backlog is not None):
         raise _invalid("give a value or remove it (--no-ttl, --no-max-backlog), not both")
     subscription_filter = UNSET if filter_json is None else _filter(filter_json)
-    policy = _policy(
-        max_delivery_attempts=max_delivery_attempts,
-        backoff_min_seconds=backoff_min,
-        backoff_max_seconds=backoff_max,
-        ack_deadline_seconds=ack_deadline,
-        retry_policy=retry_policy,
-        retry_jitter=retry_jitter,
-        message_ttl_seconds=ttl,
-        expiry_policy=expiry_policy,
-        max_backlog=max_backlog,
-        backlog_policy=backlog_policy,
-    )
+    policy = _policy(locals())
     if no_ttl:
         policy["message_ttl_seconds"] = None
     if no_max_backlog:

@@ -10,6 +10,7 @@ AS $$
 DECLARE
     v_key text;
     v_at text;
+    v_pair text[];
 BEGIN
     IF jsonb_typeof(p_message) <> 'object' THEN
         RETURN format('message at index %s must be an object with a "payload"', p_index);
@@ -48,41 +49,28 @@ BEGIN
         OR (p_message ->> 'delay_seconds')::numeric NOT BETWEEN 0 AND 31536000) THEN
         RETURN format('message at index %s: delay_seconds must be a number from 0 to 31536000', p_index);
     END IF;
-    IF p_message ? 'deliver_at' AND jsonb_typeof(p_message -> 'deliver_at') <> 'null' THEN
-        IF jsonb_typeof(p_message -> 'delay_seconds') IN ('number') THEN
-            RETURN format('message at index %s: give delay_seconds or deliver_at, not both', p_index);
-        END IF;
-        v_at := p_message ->> 'deliver_at';
-        IF jsonb_typeof(p_message -> 'deliver_at') <> 'string'
-           OR v_at !~ '^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}(:?\d{2})?)$' THEN
-            RETURN format('message at index %s: deliver_at must be an ISO 8601 time with a time zone', p_index);
-        END IF;
-        BEGIN
-            PERFORM v_at::timestamptz;
-        EXCEPTION WHEN others THEN
-            RETURN format('message at index %s: deliver_at is not a valid time', p_index);
-        END;
-    END IF;
     IF p_message ? 'ttl_seconds' AND jsonb_typeof(p_message -> 'ttl_seconds') <> 'null' AND (
         jsonb_typeof(p_message -> 'ttl_seconds') <> 'number'
         OR (p_message ->> 'ttl_seconds')::numeric <= 0 OR (p_message ->> 'ttl_seconds')::numeric > 315360000) THEN
         RETURN format('message at index %s: ttl_seconds must be a number above 0 and up to 315360000', p_index);
     END IF;
-    IF p_message ? 'expires_at' AND jsonb_typeof(p_message -> 'expires_at') <> 'null' THEN
-        IF jsonb_typeof(p_message -> 'ttl_seconds') IN ('number') THEN
-            RETURN format('message at index %s: give ttl_seconds or expires_at, not both', p_index);
+    -- A time given instead of a number of seconds from now: one or the other.
+    FOREACH v_pair SLICE 1 IN ARRAY ARRAY[['delay_seconds', 'deliver_at'], ['ttl_seconds', 'expires_at']] LOOP
+        CONTINUE WHEN NOT p_message ? v_pair[2] OR jsonb_typeof(p_message -> v_pair[2]) = 'null';
+        IF jsonb_typeof(p_message -> v_pair[1]) IN ('number') THEN
+            RETURN format('message at index %s: give %s or %s, not both', p_index, v_pair[1], v_pair[2]);
         END IF;
-        v_at := p_message ->> 'expires_at';
-        IF jsonb_typeof(p_message -> 'expires_at') <> 'string'
+        v_at := p_message ->> v_pair[2];
+        IF jsonb_typeof(p_message -> v_pair[2]) <> 'string'
            OR v_at !~ '^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}(:?\d{2})?)$' THEN
-            RETURN format('message at index %s: expires_at must be an ISO 8601 time with a time zone', p_index);
+            RETURN format('message at index %s: %s must be an ISO 8601 time with a time zone', p_index, v_pair[2]);
         END IF;
         BEGIN
             PERFORM v_at::timestamptz;
         EXCEPTION WHEN others THEN
-            RETURN format('message at index %s: expires_at is not a valid time', p_index);
+            RETURN format('message at index %s: %s is not a valid time', p_index, v_pair[2]);
         END;
-    END IF;
+    END LOOP;
     RETURN NULL;
 END
 $$;

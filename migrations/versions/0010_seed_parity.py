@@ -14,7 +14,7 @@ depends_on = None
 
 # The function source (fastpubsub/sql) this revision installs: a test keeps it
 # equal to the files, so that changing a function takes a new revision.
-functions_digest = "fca188d6e4391908ba23ba6574a185b6a1e54748ce27521233788314c6c30cc4"
+functions_digest = "ca22849df4aeb92eac8bca0d23abbdb77766394c8447a081dd2ab1b12ef9b8c0"
 
 
 def upgrade() -> None:
