@@ -110,6 +110,13 @@ class Settings(BaseSettings):
         le=1000,
         description="Shortest gap between two notifications a server process sends to the others",
     )
+    console_enabled: bool = Field(default=True, description="Serve the web console under /console")
+    console_sample_seconds: float = Field(
+        default=10,
+        ge=1,
+        le=300,
+        description="How often the console records backlog figures for its last-hour charts (per process)",
+    )
     stream_outage_seconds: float = Field(
         default=120,
         ge=0,

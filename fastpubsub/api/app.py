@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_fastapi_instrumentator import Instrumentator
 from prometheus_fastapi_instrumentator import metrics as prometheus_metrics
 
-from fastpubsub import __version__, migrate
+from fastpubsub import __version__, console, migrate
 from fastpubsub.api import docs, errors
 from fastpubsub.api.backfill import Backfills
 from fastpubsub.api.delivery import Delivery
@@ -92,6 +92,7 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
             yield
         finally:
             RUNNING_HUBS.discard(hub)
+            await console.stop(app)
             await backfills.stop()
             await hub.stop()
             for group in (delivery.publishes, delivery.consumes, delivery.settlements):
@@ -150,6 +151,8 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
     )
     for router in routers:
         app.include_router(router)
+    if settings.console_enabled:
+        console.install(app)
     app.state.allowed_methods = errors.AllowedMethods(
         [*app.routes, *(route for router in routers for route in router.routes)]
     )

@@ -11,7 +11,8 @@ it serves only loopback addresses then, unless told otherwise). What is left
 to guard against is a web page making a visitor's browser send requests: a
 browser sends a cross-site POST without asking first only with a form or text
 content type, so POST, PUT and PATCH must say `Content-Type: application/json`
-(415 otherwise; the OAuth2 form endpoint excepted, it needs auth on anyway).
+(415 otherwise; the OAuth2 form endpoint excepted, it needs auth on anyway, and
+the console's forms, which carry a CSRF token instead).
 DELETE never goes cross-site without the browser asking the server first.
 """
 
@@ -24,6 +25,7 @@ from fastpubsub.api import errors
 from fastpubsub.api.deps import PRINCIPAL_STATE, authenticate
 from fastpubsub.api.docs import ASSETS, OAUTH2_REDIRECT
 from fastpubsub.api.middleware import TOKEN_PATH, send_json_error
+from fastpubsub.console import is_console
 from fastpubsub.exceptions import FastPubSubError
 from fastpubsub.settings import Settings
 
@@ -34,8 +36,12 @@ _WRITES = frozenset({"POST", "PUT", "PATCH"})
 
 
 def is_public(path: str) -> bool:
-    """Whether `path` is served without a token when auth is on."""
-    return path in PUBLIC_PATHS or path.startswith(ASSETS + "/")
+    """Whether `path` is served without a bearer token when auth is on.
+
+    The console is: it signs its users in with a cookie and checks a CSRF token
+    on every form (fastpubsub/console/session.py).
+    """
+    return path in PUBLIC_PATHS or path.startswith(ASSETS + "/") or is_console(path)
 
 
 def is_json(scope: Scope) -> bool:
@@ -70,7 +76,9 @@ class Gate:
                     await (await errors.response_for(request, exc))(scope, receive, send)
                     return False
                 scope.setdefault("state", {})[PRINCIPAL_STATE] = principal
-        elif scope["method"] in _WRITES and path != TOKEN_PATH and not is_json(scope):
+        elif (
+            scope["method"] in _WRITES and path != TOKEN_PATH and not is_console(path) and not is_json(scope)
+        ):
             await send_json_error(
                 send,
                 415,

@@ -83,9 +83,13 @@ def _basic_credentials(header: str) -> tuple[str, str] | None:
     return unquote_plus(client_id), unquote_plus(secret)
 
 
-async def _authenticate(
+async def exchange_credentials(
     request: Request, client_id: str, secret: str, requested: str | None, basic: bool
 ) -> TokenOut:
+    """A token for a client's credentials, or OAuthError (throttled per address and client).
+
+    The web console signs in through this too, so that it answers and throttles as /oauth/token does.
+    """
     database: Database = request.app.state.database
     settings: Settings = request.app.state.settings
     failures: FailedAttempts = request.app.state.token_failures
@@ -170,7 +174,9 @@ async def issue_token(request: Request, settings: SettingsDep) -> JSONResponse:
                 return error_response(422, validation_problems(exc.errors(include_url=False)))
             if data.grant_type is not None and data.grant_type != "client_credentials":
                 raise OAuthError(400, "unsupported_grant_type", _UNSUPPORTED_GRANT)
-            token = await _authenticate(request, str(data.client_id), data.client_secret, None, basic=False)
+            token = await exchange_credentials(
+                request, str(data.client_id), data.client_secret, None, basic=False
+            )
             return JSONResponse(token.model_dump(), status_code=201, headers=_NO_STORE)
         raise OAuthError(415, "invalid_request", "send JSON or application/x-www-form-urlencoded")
     except OAuthError as exc:
@@ -200,5 +206,7 @@ async def _form_grant(request: Request, body: bytes) -> JSONResponse:
         client_id, secret = fields["client_id"], fields["client_secret"]
     else:
         raise OAuthError(401, "invalid_client", "client credentials are required", basic=True)
-    token = await _authenticate(request, client_id, secret, fields.get("scope"), basic=basic is not None)
+    token = await exchange_credentials(
+        request, client_id, secret, fields.get("scope"), basic=basic is not None
+    )
     return JSONResponse(token.model_dump(), status_code=200, headers=_NO_STORE)
