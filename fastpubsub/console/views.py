@@ -48,6 +48,9 @@ router = APIRouter(prefix="/console", include_in_schema=False)
 templates = Jinja2Templates(
     env=Environment(loader=PackageLoader("fastpubsub.console", "templates"), autoescape=select_autoescape())
 )
+# JSON shown as the API sends it (Jinja's own tojson writes < as \u003c, which is for scripts, not text).
+templates.env.filters["json"] = lambda value: orjson.dumps(value).decode()
+templates.env.filters["json_pretty"] = lambda value: orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()
 # Pages served to browsers never end up in a cache or a frame, and run only this server's scripts.
 _HEADERS = {
     "Cache-Control": "no-store",
@@ -307,9 +310,6 @@ async def subscription_page(request: Request, subscription_id: SubscriptionId) -
     context = {
         "principal": principal,
         "subscription": subscription,
-        "filter_json": orjson.dumps(subscription.filter, option=orjson.OPT_INDENT_2).decode()
-        if subscription.filter
-        else "",
         "metrics": metrics,
         "lines": lines,
         "since": datetime.fromtimestamp(points[0].at, UTC) if points else None,
@@ -385,7 +385,6 @@ async def dlq_page(
     letters = orjson.loads(answer.body)["data"]
     for letter in letters:
         letter["reason"] = _reason(letter["delivery_attempts"], subscription)
-        letter["payload_json"] = orjson.dumps(letter["payload"], option=orjson.OPT_INDENT_2).decode()
     context = {
         "principal": principal,
         "subscription": subscription,

@@ -60,7 +60,7 @@ async def test_pages_show_the_apis_figures_with_auth_off(api: httpx.AsyncClient)
     assert subscription.status_code == 200
     assert 'data-figure="available">3<' in subscription.text
     assert "Next messages" in subscription.text
-    assert '<code class="payload">{"n": 1}</code>' in subscription.text  # peek
+    assert '<code class="payload">{&#34;n&#34;:1}</code>' in subscription.text  # peek
     clients = await api.get("/console/clients")
     assert clients.status_code == 200
     assert "fastpubsub create-client" in clients.text
