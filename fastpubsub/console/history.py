@@ -77,6 +77,8 @@ class History:
                 await self.sample()
             except FastPubSubError as exc:  # the database away for a while: a gap in the charts
                 log.warning("console: no sample taken: %s", one_line(exc))
+            except Exception:  # anything else is a bug to see in the logs, not a reason to stop sampling
+                log.exception("console: no sample taken")
             await asyncio.sleep(self.interval)
 
     def points(self, subscription_id: str, since: float | None = None) -> list[Point]:

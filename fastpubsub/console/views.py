@@ -367,7 +367,8 @@ async def seek(request: Request, subscription_id: SubscriptionId) -> Response:
 def _reason(attempts: int, subscription: Any) -> str:
     """Why a message is in the DLQ, as far as its attempts and the policy tell (no reason is stored)."""
     if attempts >= subscription.max_delivery_attempts:
-        return f"delivery failed {attempts} times (the limit is {subscription.max_delivery_attempts})"
+        times = "once" if attempts == 1 else f"{attempts} times"
+        return f"delivery failed {times} (the limit is {subscription.max_delivery_attempts})"
     if subscription.expiry_policy == "dead_letter":
         return "expired (message TTL) before it was delivered successfully"
     return "unknown"
@@ -385,6 +386,7 @@ async def dlq_page(
     letters = orjson.loads(answer.body)["data"]
     for letter in letters:
         letter["reason"] = _reason(letter["delivery_attempts"], subscription)
+        letter["published"] = datetime.fromisoformat(letter["created_at"])
     context = {
         "principal": principal,
         "subscription": subscription,

@@ -160,7 +160,7 @@ async def test_dead_letters_are_listed_with_their_reason_and_reprocessed(api: ht
     page = await api.get("/console/subscriptions/s/dlq")
     assert page.status_code == 200
     assert "&#34;poison&#34;: true" in page.text
-    assert "delivery failed 1 times (the limit is 1)" in page.text
+    assert "delivery failed once (the limit is 1)" in page.text
     ids = re.findall(r'name="id" value="([0-9a-f-]{36})"', page.text)
     assert len(ids) == 2
     poison = next(m["id"] for m in leased["data"] if m["payload"] == {"poison": True})
