@@ -113,6 +113,11 @@ def render(request: Request, template: str, context: dict[str, Any], status: int
     return response
 
 
+async def signed_form(request: Request) -> tuple[Principal, forms.Form]:
+    """Who sends the form (else: sign in), and the form once its CSRF token is checked."""
+    return await session.principal(request), await session.form(request)
+
+
 def back(path: str, notice: str) -> RedirectResponse:
     """Post/redirect/get: to a console page, with what happened."""
     return RedirectResponse(f"{path}?notice={notice}", status_code=303, headers={"Cache-Control": "no-store"})
@@ -230,8 +235,7 @@ async def overview(request: Request, offset: int = Query(0, ge=0, le=10_000_000)
 @router.post("/topics")
 @page
 async def create_topic(request: Request) -> Response:
-    principal = await session.principal(request)
-    form = await session.form(request)
+    principal, form = await signed_form(request)
     body = TopicCreate.model_validate(
         forms.fields(form, {"id": forms.text, "retention_seconds": forms.integer})
     )
@@ -259,8 +263,7 @@ async def topic_page(request: Request, topic_id: TopicId) -> Response:
 @router.post("/topics/{topic_id}/publish")
 @page
 async def publish(request: Request, topic_id: TopicId) -> Response:
-    principal = await session.principal(request)
-    form = await session.form(request)
+    principal, form = await signed_form(request)
     principal.require("topics:publish", topic_id)
     payload = forms.json_object(form, "payload")
     if payload is None:
@@ -276,8 +279,7 @@ async def publish(request: Request, topic_id: TopicId) -> Response:
 @router.post("/subscriptions")
 @page
 async def create_subscription(request: Request) -> Response:
-    principal = await session.principal(request)
-    form = await session.form(request)
+    principal, form = await signed_form(request)
     body = SubscriptionCreate.model_validate(
         forms.fields(
             form,
@@ -336,8 +338,7 @@ _POLICY_FIELDS: dict[str, Any] = {
 @router.post("/subscriptions/{subscription_id}")
 @page
 async def update_subscription(request: Request, subscription_id: SubscriptionId) -> Response:
-    principal = await session.principal(request)
-    form = await session.form(request)
+    principal, form = await signed_form(request)
     # The fields a blank removes (the filter, the TTL and the backlog limit) are always sent.
     changes = {
         **forms.fields(form, _POLICY_FIELDS),
@@ -353,8 +354,7 @@ async def update_subscription(request: Request, subscription_id: SubscriptionId)
 @router.post("/subscriptions/{subscription_id}/seek")
 @page
 async def seek(request: Request, subscription_id: SubscriptionId) -> Response:
-    principal = await session.principal(request)
-    form = await session.form(request)
+    principal, form = await signed_form(request)
     when = forms.text(form, "time")
     if len(when) == 16:  # a datetime-local field: minutes, in UTC as the page says
         when += ":00Z"
@@ -400,8 +400,7 @@ async def dlq_page(
 @router.post("/subscriptions/{subscription_id}/dlq/reprocess")
 @page
 async def reprocess(request: Request, subscription_id: SubscriptionId) -> Response:
-    principal = await session.principal(request)
-    form = await session.form(request)
+    principal, form = await signed_form(request)
     try:
         ids = [UUID(value) for value in form.get("id", [])]
     except ValueError as exc:
@@ -438,8 +437,7 @@ def _secret_page(
 @router.post("/clients")
 @page
 async def create_client(request: Request) -> Response:
-    principal = await session.principal(request)
-    form = await session.form(request)
+    principal, form = await signed_form(request)
     body = ClientCreate.model_validate(forms.fields(form, {"name": forms.text, "scopes": forms.text}))
     state = request.app.state
     created = await clients.create_client(body, state.database, principal, state.settings)
@@ -449,8 +447,7 @@ async def create_client(request: Request) -> Response:
 @router.post("/clients/{client_id}/secret")
 @page
 async def rotate_secret(request: Request, client_id: UUID) -> Response:
-    principal = await session.principal(request)
-    await session.form(request)
+    principal, _ = await signed_form(request)
     state = request.app.state
     rotated = await clients.rotate_client_secret(
         client_id, request, state.database, principal, state.settings
@@ -461,8 +458,7 @@ async def rotate_secret(request: Request, client_id: UUID) -> Response:
 @router.post("/clients/{client_id}/active")
 @page
 async def set_active(request: Request, client_id: UUID) -> Response:
-    principal = await session.principal(request)
-    form = await session.form(request)
+    principal, form = await signed_form(request)
     active = forms.text(form, "active") == "true"
     state = request.app.state
     current = await clients.get_client(client_id, state.database, principal)

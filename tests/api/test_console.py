@@ -191,6 +191,16 @@ async def secured_console(make_api: ClientFactory) -> httpx.AsyncClient:
     return await make_api(auth_enabled=True, auth_client_cache_seconds=0)
 
 
+@pytest.fixture
+async def admin_console(
+    secured_console: httpx.AsyncClient, database_url: str
+) -> tuple[httpx.AsyncClient, str]:
+    """The console with auth on, an admin signed in; and the admin's client id."""
+    admin_id, admin_secret = await create_client_record(database_url, "*")
+    assert (await sign_in(secured_console, admin_id, admin_secret)).status_code == 303
+    return secured_console, admin_id
+
+
 async def test_sign_in_keeps_the_token_in_a_strict_httponly_cookie(
     secured_console: httpx.AsyncClient, database_url: str
 ) -> None:
@@ -221,11 +231,9 @@ async def test_sign_in_keeps_the_token_in_a_strict_httponly_cookie(
 
 
 async def test_scopes_decide_what_pages_show_and_allow(
-    secured_console: httpx.AsyncClient, database_url: str
+    admin_console: tuple[httpx.AsyncClient, str], database_url: str
 ) -> None:
-    console = secured_console
-    admin_id, admin_secret = await create_client_record(database_url, "*")
-    await sign_in(console, admin_id, admin_secret)
+    console, _ = admin_console
     await post_form(console, "/console", "/console/topics", id="orders")
     await post_form(console, "/console/topics/orders", "/console/subscriptions", id="mail", topic_id="orders")
     await post_form(console, "/console", "/console/logout")
@@ -253,11 +261,9 @@ async def test_scopes_decide_what_pages_show_and_allow(
 
 
 async def test_clients_are_made_rotated_and_disabled_from_the_console(
-    secured_console: httpx.AsyncClient, database_url: str
+    admin_console: tuple[httpx.AsyncClient, str], database_url: str
 ) -> None:
-    console = secured_console
-    admin_id, admin_secret = await create_client_record(database_url, "*")
-    await sign_in(console, admin_id, admin_secret)
+    console, admin_id = admin_console
     made = await post_form(
         console, "/console/clients", "/console/clients", name="reporter", scopes="topics:read"
     )
