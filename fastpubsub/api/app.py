@@ -151,10 +151,9 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
     )
     for router in routers:
         app.include_router(router)
-    if settings.console_enabled:
-        console.install(app)
+    console_routes = console.install(app) if settings.console_enabled else []
     app.state.allowed_methods = errors.AllowedMethods(
-        [*app.routes, *(route for router in routers for route in router.routes)]
+        [*app.routes, *(route for router in routers for route in router.routes), *console_routes]
     )
 
     # Requests by handler, method and status, and their latency: the useful

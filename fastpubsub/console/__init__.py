@@ -11,6 +11,7 @@ from importlib import resources
 
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
+from starlette.routing import BaseRoute
 
 from fastpubsub.console.history import History
 
@@ -23,13 +24,14 @@ def is_console(path: str) -> bool:
     return path == PREFIX or path.startswith(PREFIX + "/")
 
 
-def install(app: FastAPI) -> None:
-    """Add the console's pages and assets."""
+def install(app: FastAPI) -> list[BaseRoute]:
+    """Add the console's pages and assets; returns its routes (for the Allow header of a 405)."""
     from fastpubsub.console import views
 
     app.mount(ASSETS, StaticFiles(directory=str(resources.files(__name__) / "static")), name="console-assets")
     app.include_router(views.router)
     app.state.console_history = None
+    return list(views.router.routes)
 
 
 async def stop(app: FastAPI) -> None:

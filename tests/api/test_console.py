@@ -66,6 +66,8 @@ async def test_pages_show_the_apis_figures_with_auth_off(api: httpx.AsyncClient)
     assert "fastpubsub create-client" in clients.text
     assert 'action="/console/clients"' not in clients.text
     assert (await api.get("/console/topics/nope")).status_code == 404
+    wrong_method = await api.get("/console/topics")
+    assert (wrong_method.status_code, wrong_method.headers["allow"]) == (405, "POST")
     assert (await api.get("/console/subscriptions/nope/dlq")).status_code == 404
 
 
