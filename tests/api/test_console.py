@@ -275,6 +275,7 @@ async def test_clients_are_made_rotated_and_disabled_from_the_console(
     token = await console.post("/oauth/token", json={"client_id": new_id, "client_secret": secret})
     assert token.status_code == 201
     listed = await console.get("/console/clients")
+    assert listed.text.count("<small>(you)</small>") == 1  # the signed-in admin's own row
     assert "reporter" in listed.text
     assert secret not in listed.text
 
