@@ -544,6 +544,7 @@ def summary(results: dict[str, Any], o: Options) -> dict[str, Any]:
         "consume_problems": problems,
         "sql_client_busy": max(r.extra["client_busy"] for r in sql_pub + sql_con),
         "e2e_rate": o.rate,
+        "e2e_reached_msgs_per_s": round(e2e.rate),
         "e2e_p50_ms": round(e2e.extra["p50_ms"], 2),
         "e2e_p99_ms": round(e2e.extra["p99_ms"], 2),
         "backlog_small_msgs_per_s": round(backlog["rate_small"]),
@@ -575,6 +576,7 @@ def summary(results: dict[str, Any], o: Options) -> dict[str, Any]:
         "stream_ratio": round(streams.rate / _median_rate(sql_con), 3),
         "stream_client_busy": round(streams.extra["client_busy"], 3),
         "e2e_fast_rate": o.fast_rate,
+        "e2e_fast_reached_msgs_per_s": round(fast.rate),
         "e2e_fast_p50_ms": round(fast.extra["p50_ms"], 2),
         "e2e_fast_p99_ms": round(fast.extra["p99_ms"], 2),
         "idle_streams": idle.extra["streams"],
@@ -586,8 +588,7 @@ def summary(results: dict[str, Any], o: Options) -> dict[str, Any]:
         [
             figures["publish_ratio"] >= 0.7,
             figures["consume_ack_ratio"] >= 0.7,
-            figures["e2e_p50_ms"] <= 5,
-            figures["e2e_p99_ms"] <= 25,
+            e2e_holds(figures, "e2e"),
             figures["backlog_ratio"] >= 0.9,
             figures["wal_bytes_per_message"] <= 1200,
             figures["consume_lost"] == 0,
@@ -600,8 +601,7 @@ def summary(results: dict[str, Any], o: Options) -> dict[str, Any]:
             figures["long_poll_delivered_share"] >= 0.95,
             figures["long_poll_publish_p50_ms"] - figures["long_poll_publish_p50_ms_nobody_waiting"] <= 2,
             figures["stream_ratio"] >= 0.7,
-            figures["e2e_fast_p50_ms"] <= 5,
-            figures["e2e_fast_p99_ms"] <= 25,
+            e2e_holds(figures, "e2e_fast"),
             # Only measurable for a server this run started (its processes' memory).
             figures["idle_streams_server_rss_mib"] < 1024,
             figures["idle_streams_publish_p99_ms"] - figures["idle_streams_publish_p99_ms_without"] <= 2,
@@ -612,6 +612,24 @@ def summary(results: dict[str, Any], o: Options) -> dict[str, Any]:
 
 # A ceiling client on CPU this much of the time may be what limits the ceiling.
 CLIENT_BOUND = 0.9
+
+
+def e2e_holds(f: dict[str, Any], key: str) -> bool:
+    """Latency within target at (nearly) the rate asked for: a generator that fell behind put on less load."""
+    reached = f[f"{key}_reached_msgs_per_s"] >= 0.95 * f[f"{key}_rate"]
+    return bool(reached and f[f"{key}_p50_ms"] <= 5 and f[f"{key}_p99_ms"] <= 25)
+
+
+def e2e_row(f: dict[str, Any], key: str) -> tuple[str, ...]:
+    good = e2e_holds(f, key)
+    rate, reached = f[f"{key}_rate"], f[f"{key}_reached_msgs_per_s"]
+    return (
+        f"end-to-end p50 / p99 at {rate:g} msg/s (reached {reached:,}), long-poll",
+        f"{f[f'{key}_p50_ms']:.1f} / {f[f'{key}_p99_ms']:.1f} ms",
+        "",
+        "",
+        "<= 5 / 25 ms " + ("[green]met[/green]" if good else "[red]missed[/red]"),
+    )
 
 
 def table(f: dict[str, Any], o: Options) -> Table:
@@ -714,13 +732,7 @@ def table(f: dict[str, Any], o: Options) -> Table:
         f"{f['stream_ratio']:.0%}",
         f">= 70% {ok(f['stream_ratio'] >= 0.7)}",
     )
-    t.add_row(
-        f"end-to-end p50 / p99 at {o.fast_rate:g} msg/s, long-poll",
-        f"{f['e2e_fast_p50_ms']:.1f} / {f['e2e_fast_p99_ms']:.1f} ms",
-        "",
-        "",
-        f"<= 5 / 25 ms {ok(f['e2e_fast_p50_ms'] <= 5 and f['e2e_fast_p99_ms'] <= 25)}",
-    )
+    t.add_row(*e2e_row(f, "e2e_fast"))
     t.add_row(
         f"{f['idle_streams']:,} idle streams: server memory; publish p99 with / without",
         f"{f['idle_streams_server_rss_mib']:,} MiB; {f['idle_streams_publish_p99_ms']:.1f} / "
@@ -733,13 +745,7 @@ def table(f: dict[str, Any], o: Options) -> Table:
             and f["idle_streams_publish_p99_ms"] - f["idle_streams_publish_p99_ms_without"] <= 2
         ),
     )
-    t.add_row(
-        f"end-to-end p50 / p99 at {o.rate:g} msg/s, long-poll",
-        f"{f['e2e_p50_ms']:.1f} / {f['e2e_p99_ms']:.1f} ms",
-        "",
-        "",
-        f"<= 5 / 25 ms {ok(f['e2e_p50_ms'] <= 5 and f['e2e_p99_ms'] <= 25)}",
-    )
+    t.add_row(*e2e_row(f, "e2e"))
     t.add_row(
         f"consume msg/s, {o.backlog:,} vs {o.backlog_sample:,} waiting",
         f"{f['backlog_large_msgs_per_s']:,} vs {f['backlog_small_msgs_per_s']:,}",
