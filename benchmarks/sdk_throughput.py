@@ -126,7 +126,7 @@ async def target(url: str | None, workers: int) -> Any:
         yield url
         return
     with suite.database(None) as (database_url, _):
-        async with suite.server(database_url, workers) as started:
+        async with suite.server(database_url, workers) as (started, _pid):
             yield started
 
 
