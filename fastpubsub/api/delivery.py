@@ -31,7 +31,7 @@ from fastpubsub.api import jsonbody
 from fastpubsub.api.batching import GroupCommit
 from fastpubsub.api.metrics import ACKED, CONSUMED, DEAD_LETTERED, NACKED, PUBLISHED
 from fastpubsub.api.schemas import MAX_BATCH_SIZE
-from fastpubsub.api.wakeups import WakeHub, Waiter
+from fastpubsub.api.wakeups import Waiter, WakeHub
 from fastpubsub.db import Database
 from fastpubsub.exceptions import (
     DatabaseUnavailableError,
@@ -267,7 +267,7 @@ class Delivery:
         max_in_flight: int,
         lease_seconds: float,
     ) -> AsyncIterator[bytes]:
-        """Server-sent events: one leased message per event, at most max_in_flight unacked (see lease_batches).
+        """Server-sent events: a leased message per event, at most max_in_flight unacked (lease_batches).
 
         A keep-alive comment goes out after KEEPALIVE_SECONDS without anything
         written. When the client goes away its leases run out normally; when
@@ -375,8 +375,7 @@ class Delivery:
                             log.warning("stream of %s waits for the database: %s", subscription_id, exc)
                         if loop.time() - outage_since > self.stream_outage_seconds:
                             raise DatabaseUnavailableError(
-                                "the database has been unavailable for over "
-                                f"{self.stream_outage_seconds:g} s"
+                                f"the database has been unavailable for over {self.stream_outage_seconds:g} s"
                             ) from exc
                         timeout, retry = retry, min(retry * 2, MAX_OUTAGE_RETRY_SECONDS)
                     timeout = min(timeout, written + idle_seconds - loop.time())
