@@ -1,4 +1,4 @@
-"""Push subscriptions over the API: configuration shown, secrets shown once, endpoints refused before any traffic."""
+"""Push subscriptions over the API: configuration shown, secrets shown once, endpoints refused up front."""
 
 from __future__ import annotations
 
@@ -8,7 +8,11 @@ import httpx
 import pytest
 from standardwebhooks import Webhook
 
-PUSH = {"endpoint": "https://127.0.0.1:9/hook", "headers": {"Authorization": "Bearer r"}, "timeout_seconds": 5}
+PUSH = {
+    "endpoint": "https://127.0.0.1:9/hook",
+    "headers": {"Authorization": "Bearer r"},
+    "timeout_seconds": 5,
+}
 
 
 async def _create(api: httpx.AsyncClient, **push: Any) -> httpx.Response:
@@ -27,7 +31,8 @@ async def test_a_push_subscription_shows_its_secret_once(make_api: Any) -> None:
     assert push["secret"].startswith("whsec_")
     Webhook(push["secret"])  # a secret the Standard Webhooks library takes
     shown = (await api.get("/subscriptions/s")).json()["push"]
-    assert shown["secret"] is None and shown["endpoint"] == PUSH["endpoint"]
+    assert shown["secret"] is None
+    assert shown["endpoint"] == PUSH["endpoint"]
     listed = (await api.get("/subscriptions")).json()["data"][0]["push"]
     assert listed["secret"] is None
 
@@ -46,7 +51,8 @@ async def test_patching_keeps_the_secret_and_null_makes_it_pull_again(make_api: 
     pulled = await api.patch("/subscriptions/s", json={"push": None})
     assert pulled.json()["push"] is None
     again = (await api.patch("/subscriptions/s", json={"push": PUSH})).json()["push"]
-    assert again["secret"].startswith("whsec_") and again["secret"] != became["secret"]
+    assert again["secret"].startswith("whsec_")
+    assert again["secret"] != became["secret"]
 
 
 async def test_rotation_shows_the_new_secret_and_how_long_the_old_one_signs(make_api: Any) -> None:
@@ -55,12 +61,14 @@ async def test_rotation_shows_the_new_secret_and_how_long_the_old_one_signs(make
     rotated = await api.post("/subscriptions/s/push/secret", json={"grace_seconds": 3600})
     assert rotated.status_code == 200, rotated.text
     push = rotated.json()["push"]
-    assert push["secret"].startswith("whsec_") and push["secret"] != first
+    assert push["secret"].startswith("whsec_")
+    assert push["secret"] != first
     assert push["previous_secret_valid_until"] is not None
     assert (await api.get("/subscriptions/s")).json()["push"]["secret"] is None
     await api.post("/subscriptions", json={"id": "pull", "topic_id": "t"})
     refused = await api.post("/subscriptions/pull/push/secret", json={})
-    assert refused.status_code == 422 and "not a push subscription" in refused.json()["detail"]
+    assert refused.status_code == 422
+    assert "not a push subscription" in refused.json()["detail"]
     assert (await api.post("/subscriptions/nope/push/secret", json={})).status_code == 404
 
 
