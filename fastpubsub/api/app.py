@@ -23,7 +23,7 @@ from fastpubsub.api.fastpath import FastPath
 from fastpubsub.api.gate import Gate
 from fastpubsub.api.metrics import MetricsExporter, use_remembering_instrumentator
 from fastpubsub.api.middleware import BodyLimit, RequestContext
-from fastpubsub.api.routers import clients, health, messages, oauth, subscriptions, topics
+from fastpubsub.api.routers import clients, health, messages, oauth, subscriptions, topics, websocket
 from fastpubsub.api.schemas import PublishRequest, TokenRequest
 from fastpubsub.api.throttle import FailedAttempts
 from fastpubsub.api.wakeups import RUNNING_HUBS, WakeHub
@@ -148,6 +148,7 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
         oauth.router,
         clients.router,
         health.router,
+        websocket.router,
     )
     for router in routers:
         app.include_router(router)
