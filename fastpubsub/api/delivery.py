@@ -245,7 +245,12 @@ class Delivery:
                     settled = [m for m in map(receipt_message_id, request["receipts"]) if m is not None]
                 else:
                     settled = request["ids"]
-                self.hub.settled(subscription_id, settled, done, result["streaming"])
+                if action == "extend" and request.get("seconds"):
+                    self.hub.extended(
+                        subscription_id, settled, request["seconds"]
+                    )  # still held: no room made
+                else:
+                    self.hub.settled(subscription_id, settled, done, result["streaming"])
             if ready or (done and action == "nack" and done > dead):
                 self.hub.made_ready(subscription_id, ready)  # 0: a retry is due later
         return results

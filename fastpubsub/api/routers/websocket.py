@@ -68,6 +68,8 @@ AUTH_SECONDS = 10.0
 # Frames larger than this are refused (larger publishes go through HTTP).
 MAX_FRAME_BYTES = 1024 * 1024
 DEFAULT_MAX_IN_FLIGHT = 10
+# A subscription that sent nothing for this long is looked up again, so a deleted one ends its stream.
+IDLE_CHECK_SECONDS = 10.0
 MAX_IN_FLIGHT = 1000
 
 RequestId = Annotated[str | int | None, Field(default=None, description="Repeated in the answer")]
@@ -335,8 +337,10 @@ class Connection:
     ) -> None:
         try:
             async for events in self.delivery.lease_batches(
-                subscription_id, consumer_id, window, lease_seconds
+                subscription_id, consumer_id, window, lease_seconds, idle_seconds=IDLE_CHECK_SECONDS
             ):
+                if not events:  # nothing for a while: NotFoundError if it was deleted meanwhile
+                    await self.delivery.hub.subscription(subscription_id)
                 for _, data in events:
                     await self._send_text('{"type":"message","message":' + data + "}")
         except FastPubSubError as exc:
