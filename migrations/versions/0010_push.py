@@ -1,25 +1,25 @@
 """Push subscriptions: push configuration and webhook signing secrets on subscriptions.
 
-Revision ID: 0009_push
-Revises: 0007_archive
+Revision ID: 0010_push
+Revises: 0009_merged_batches
 Create Date: 2026-11-23
 """
 
 from fastpubsub.migrate import execute_sql_file
 
-revision = "0009_push"
-down_revision = "0007_archive"
+revision = "0010_push"
+down_revision = "0009_merged_batches"
 branch_labels = None
 depends_on = None
 
 # The function source (fastpubsub/sql) this revision installs: a test keeps it
 # equal to the files, so that changing a function takes a new revision.
-functions_digest = "762e62edce7a242e569c3258bc861560a53ae091e7f8bdd6194ff44d588e30df"
+functions_digest = "cfe69ecf7086d11e7661df89fdc768ff8eb3e306f695e04175938ce151dfc985"
 
 
 def upgrade() -> None:
-    execute_sql_file(__file__, "0009_push.up.sql")
+    execute_sql_file(__file__, "0010_push.up.sql")
 
 
 def downgrade() -> None:
-    execute_sql_file(__file__, "0009_push.down.sql")
+    execute_sql_file(__file__, "0010_push.down.sql")
