@@ -12,6 +12,7 @@ import contextlib
 import math
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import traceback
