@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -239,32 +240,30 @@ def bench_push(
     _report_drained(result)
 
 
-@bench_app.command("stream")
-def bench_stream(
-    url: Url,
-    token: Token = None,
-    streams: Annotated[int, typer.Option(min=1, help="Server-sent event streams, a process each")] = 4,
-    max_in_flight: Annotated[int, typer.Option(min=1, max=1000)] = 1000,
-    ack_batch: Annotated[int, typer.Option(min=1, max=1000, help="Acks per request")] = 100,
-    messages: Annotated[int, typer.Option(min=1000, help="Messages to publish first, then drain")] = 50_000,
-    payload_bytes: PayloadBytes = 230,
-) -> None:
-    """Publish a backlog, drain it with SSE streams acking in batches over HTTP; checks it all went once."""
-    _drain_backlog(url, token, "stream", streams, max_in_flight, ack_batch, messages, payload_bytes)
+def _drain_command(kind: str, over: str, acks: str) -> Callable[..., None]:
+    """`bench stream` or `bench websocket`: the same drain, over SSE or WebSockets."""
+
+    def command(
+        url: Url,
+        token: Token = None,
+        streams: Annotated[int, typer.Option(min=1, help="Streams or sockets, a process each")] = 4,
+        max_in_flight: Annotated[int, typer.Option(min=1, max=1000)] = 1000,
+        ack_batch: Annotated[int, typer.Option(min=1, max=1000, help="Receipts per ack")] = 100,
+        messages: Annotated[
+            int, typer.Option(min=1000, help="Messages to publish first, then drain")
+        ] = 50_000,
+        payload_bytes: PayloadBytes = 230,
+    ) -> None:
+        _drain_backlog(url, token, kind, streams, max_in_flight, ack_batch, messages, payload_bytes)
+
+    command.__doc__ = (
+        f"Publish a backlog, drain it with {over} acking in batches ({acks}); checks it all went once."
+    )
+    return command
 
 
-@bench_app.command("websocket")
-def bench_websocket(
-    url: Url,
-    token: Token = None,
-    sockets: Annotated[int, typer.Option(min=1, help="WebSockets, a process each")] = 4,
-    max_in_flight: Annotated[int, typer.Option(min=1, max=1000)] = 1000,
-    ack_batch: Annotated[int, typer.Option(min=1, max=1000, help="Receipts per ack frame")] = 100,
-    messages: Annotated[int, typer.Option(min=1000, help="Messages to publish first, then drain")] = 50_000,
-    payload_bytes: PayloadBytes = 230,
-) -> None:
-    """Publish a backlog, drain it over WebSockets acking in-band in batches; checks it all went once."""
-    _drain_backlog(url, token, "websocket", sockets, max_in_flight, ack_batch, messages, payload_bytes)
+bench_app.command("stream")(_drain_command("stream", "Server-sent event streams", "HTTP requests"))
+bench_app.command("websocket")(_drain_command("websocket", "WebSockets", "frames on the socket"))
 
 
 def _drain_backlog(
@@ -279,8 +278,6 @@ def _drain_backlog(
 ) -> None:
     from fastpubsub.bench import suite, waiting, workloads
 
-    drain = waiting.sse_consume if kind == "stream" else waiting.websocket_consume
-
     async def run() -> workloads.Result:
         connect = suite.connector(url, token)
         topic = workloads.unique(f"bench-{kind}")
@@ -292,9 +289,10 @@ def _drain_backlog(
         result = await suite.phase(
             f"{kind} consume+ack",
             messages,
-            lambda p: drain(
+            lambda p: waiting.sse_consume(
                 url,
                 token,
+                websocket=kind == "websocket",
                 subscription=subscription,
                 messages=messages,
                 streams=streams,

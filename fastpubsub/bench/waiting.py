@@ -8,7 +8,7 @@
 * `sse_consume`: a backlog drained by streams, each in a process of its own
   (so that parsing events is never what sets the pace), acking in batches on a
   second keep-alive connection.
-* `websocket_consume`: the same drain over WebSockets
+  With `websocket=True`, the same drain over WebSockets
   (`/subscriptions/{id}/ws`), each socket acking in batches in-band by receipt.
 * `idle_streams`: thousands of streams held open by one client process; the
   server's memory, and the publish latency beside the same publishing without
@@ -299,52 +299,19 @@ async def sse_consume(
     streams: int,
     max_in_flight: int,
     ack_batch: int,
+    websocket: bool = False,
     limit_seconds: float = 120,
     progress: Callable[[int], None] | None = None,
 ) -> Result:
-    """Drain `messages` from `subscription` with `streams` streams in processes of their own."""
+    """Drain `messages` from `subscription` with `streams` streams (SSE, or WebSockets) in processes."""
+    drain = _socket_and_ack if websocket else _stream_and_ack
     result = await _drain_in_processes(
-        _stream_and_ack,
-        url,
-        token,
-        subscription,
-        messages,
-        streams,
-        max_in_flight,
-        ack_batch,
-        limit_seconds,
-        progress,
+        drain, url, token, subscription, messages, streams, max_in_flight, ack_batch, limit_seconds, progress
     )
-    result.name = f"stream consume+ack ({streams} streams, acks in batches)"
-    return result
-
-
-async def websocket_consume(
-    url: str,
-    token: str | None,
-    *,
-    subscription: str,
-    messages: int,
-    streams: int,
-    max_in_flight: int,
-    ack_batch: int,
-    limit_seconds: float = 120,
-    progress: Callable[[int], None] | None = None,
-) -> Result:
-    """Drain `messages` from `subscription` with `streams` WebSockets in processes of their own."""
-    result = await _drain_in_processes(
-        _socket_and_ack,
-        url,
-        token,
-        subscription,
-        messages,
-        streams,
-        max_in_flight,
-        ack_batch,
-        limit_seconds,
-        progress,
-    )
-    result.name = f"WebSocket consume+ack ({streams} sockets, acks in batches in-band)"
+    if websocket:
+        result.name = f"WebSocket consume+ack ({streams} sockets, acks in batches in-band)"
+    else:
+        result.name = f"stream consume+ack ({streams} streams, acks in batches)"
     return result
 
 
