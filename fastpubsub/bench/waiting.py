@@ -228,9 +228,11 @@ async def _stream_and_ack(
         counter[slot] = len(ids)
         if len(pending) >= ack_batch:
             ack_now()
-    if acking is not None:
-        with contextlib.suppress(Exception):
-            await acking
+    for _ in range(2):  # the ack in flight, then what came while it was out
+        if acking is not None:
+            with contextlib.suppress(Exception):
+                await acking
+        ack_now()
     writer.close()
     acker.close()
 
