@@ -1,8 +1,8 @@
 -- Push subscriptions: a subscription may carry a push configuration (an HTTPS
 -- endpoint that `fastpubsub push-worker` delivers its messages to, signed per
 -- Standard Webhooks) and its signing secrets (fastpubsub/sql/schema.sql says
--- what each column holds). create_subscription and update_subscription gain
--- forms with the push arguments, the old forms stay (as wrappers over them)
+-- what each column holds). create_subscription and update_subscription take
+-- them as the options push and push_secret (_subscription_options lists them)
 -- and rotate_push_secret is new: all installed from the source at the head.
 
 ALTER TABLE fastpubsub.subscriptions
