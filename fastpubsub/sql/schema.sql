@@ -107,7 +107,7 @@ CREATE TABLE fastpubsub.subscriptions (
     push_previous_secret_until timestamptz,
     CONSTRAINT subscriptions_backoff_order CHECK (backoff_max_seconds >= backoff_min_seconds),
     CONSTRAINT subscriptions_push_endpoint CHECK (
-        push IS NULL OR (jsonb_typeof(push) = 'object' AND jsonb_typeof(push -> 'endpoint') = 'string')),
+        push IS NULL OR coalesce(jsonb_typeof(push) = 'object' AND jsonb_typeof(push -> 'endpoint') = 'string', false)),
     CONSTRAINT subscriptions_push_secret CHECK ((push IS NULL) = (push_secret IS NULL))
 );
 CREATE INDEX subscriptions_topic_key_idx ON fastpubsub.subscriptions (topic_key);

@@ -11,5 +11,5 @@ ALTER TABLE fastpubsub.subscriptions
     ADD COLUMN push_previous_secret text,
     ADD COLUMN push_previous_secret_until timestamptz,
     ADD CONSTRAINT subscriptions_push_endpoint CHECK (
-        push IS NULL OR (jsonb_typeof(push) = 'object' AND jsonb_typeof(push -> 'endpoint') = 'string')),
+        push IS NULL OR coalesce(jsonb_typeof(push) = 'object' AND jsonb_typeof(push -> 'endpoint') = 'string', false)),
     ADD CONSTRAINT subscriptions_push_secret CHECK ((push IS NULL) = (push_secret IS NULL));

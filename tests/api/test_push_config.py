@@ -37,6 +37,31 @@ async def test_a_push_subscription_shows_its_secret_once(make_api: Any) -> None:
     assert listed["secret"] is None
 
 
+async def test_a_push_subscription_with_a_start_position_shows_its_secret_too(make_api: Any) -> None:
+    """The answer is read again once the retained messages are added (for `backfilling`); the secret,
+    which only the creating statement returns, stays in it."""
+    api = await make_api(push_allowed_hosts="127.0.0.1")
+    await api.post("/topics", json={"id": "t"})
+    await api.post("/topics/t/publish", json={"messages": [{"payload": {"n": 1}}]})
+    created = await api.post(
+        "/subscriptions", json={"id": "s", "topic_id": "t", "start": "earliest", "push": PUSH}
+    )
+    assert created.status_code == 201, created.text
+    assert created.json()["backfilling"] is False
+    assert created.json()["push"]["secret"].startswith("whsec_")
+    assert (await api.get("/subscriptions/s/metrics")).json()["available"] == 1
+
+
+async def test_a_subscription_cannot_be_given_a_secret_of_its_callers_choosing(make_api: Any) -> None:
+    api = await make_api(push_allowed_hosts="127.0.0.1")
+    await api.post("/topics", json={"id": "t"})
+    body = {"id": "s", "topic_id": "t", "push": PUSH, "push_secret": "whsec_chosen"}
+    assert (await api.post("/subscriptions", json=body)).status_code == 422
+    await api.post("/subscriptions", json={"id": "s", "topic_id": "t"})
+    patched = await api.patch("/subscriptions/s", json={"push": PUSH, "push_secret": "whsec_chosen"})
+    assert patched.status_code == 422
+
+
 async def test_patching_keeps_the_secret_and_null_makes_it_pull_again(make_api: Any) -> None:
     api = await make_api(push_allowed_hosts="127.0.0.1")
     await api.post("/topics", json={"id": "t"})
