@@ -12,6 +12,7 @@ import contextlib
 import math
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import traceback
@@ -505,6 +506,46 @@ def db_migrate(
         message, code = describe_error(exc)
         raise fail(f"migration failed: {message}", code) from None
     typer.echo(f"database is at revision {migrate.current_revision(url)}")
+
+
+@app.command("push-worker")
+def push_worker(
+    metrics_host: Annotated[
+        str | None, typer.Option(help="Address /metrics is served on [FASTPUBSUB_PUSH_METRICS_HOST]")
+    ] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Port of /metrics, 0 for none [FASTPUBSUB_PUSH_METRICS_PORT]")
+    ] = None,
+    shutdown_grace: Annotated[
+        float, typer.Option(min=0, help="On SIGTERM, seconds requests in flight may take to finish")
+    ] = 5.0,
+) -> None:
+    """Deliver push subscriptions to their endpoints (run one or more; SIGTERM stops gracefully)."""
+    settings = _settings()
+    settings = settings.model_copy(update={"database_url": _database_url(settings)})
+    from fastpubsub.logs import configure_logging
+
+    configure_logging(settings.log_level, settings.log_format)
+    _warn_unless_migrated(settings.database_url or "")
+
+    async def work() -> None:
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        from fastpubsub.push.worker import PushWorker
+
+        registry = CollectorRegistry()
+        port = settings.push_metrics_port if metrics_port is None else metrics_port
+        if port:
+            host = metrics_host or settings.push_metrics_host
+            start_http_server(port, host, registry=registry)
+            typer.echo(f"push-worker metrics on http://{host}:{port}/metrics", err=True)
+        worker = PushWorker(settings, shutdown_grace=shutdown_grace, registry=registry)
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, worker.stop)
+        await worker.run()
+
+    run(work)
 
 
 @app.command("cleanup-acked-messages")

@@ -43,6 +43,21 @@ class Subscription:
     max_backlog: int | None = None
     backlog_policy: str = "reject"
     backfilling: bool = False
+    push: dict[str, Any] | None = None
+    new_push_secret: str | None = None  # only right after it was made (create, rotation)
+    push_previous_secret_until: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PushSubscription:
+    """A push subscription as the push-worker delivers it: where to, and the secrets that sign."""
+
+    id: str
+    topic_id: str
+    push: dict[str, Any]
+    ack_deadline_seconds: int
+    secret: str
+    previous_secret: str | None  # still signing during its grace period
 
 
 @dataclass(frozen=True, slots=True)

@@ -124,6 +124,28 @@ class Settings(BaseSettings):
         description="How long a stream stays open while the database is unreachable",
     )
 
+    # Push subscriptions (the API checks endpoints, `fastpubsub push-worker` delivers)
+    push_allow_http: bool = Field(
+        default=False, description="Allow http:// push endpoints (otherwise https:// only)"
+    )
+    push_allowed_hosts: str = Field(
+        default="",
+        description="Comma-separated hosts, addresses or CIDRs push endpoints may reach although they are "
+        "loopback, private, link-local or otherwise not public",
+    )
+    push_worker_concurrency: int = Field(
+        default=100, ge=1, le=10000, description="Requests one push-worker sends at once, all subscriptions"
+    )
+    push_refresh_seconds: float = Field(
+        default=5, gt=0, le=3600, description="How often a push-worker rereads the push subscriptions"
+    )
+    push_metrics_host: str = Field(
+        default="127.0.0.1", description="Address a push-worker serves /metrics on"
+    )
+    push_metrics_port: int = Field(
+        default=9108, ge=0, le=65535, description="Port a push-worker serves /metrics on (0: none)"
+    )
+
     # Reaching a server: the data-plane commands (topics, subscriptions, publish, pull, dlq, tail)
     api_url: str | None = Field(
         default=None,

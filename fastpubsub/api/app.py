@@ -23,7 +23,7 @@ from fastpubsub.api.fastpath import FastPath
 from fastpubsub.api.gate import Gate
 from fastpubsub.api.metrics import MetricsExporter, use_remembering_instrumentator
 from fastpubsub.api.middleware import BodyLimit, RequestContext
-from fastpubsub.api.routers import clients, health, messages, oauth, subscriptions, topics
+from fastpubsub.api.routers import clients, health, messages, oauth, subscriptions, topics, websocket
 from fastpubsub.api.schemas import PublishRequest, TokenRequest
 from fastpubsub.api.throttle import FailedAttempts
 from fastpubsub.api.wakeups import RUNNING_HUBS, WakeHub
@@ -44,6 +44,14 @@ starting with a letter or digit. Message and client ids are UUIDs.
 **Errors.** Every error answer is JSON with a `detail` field: 401 (token missing,
 invalid, expired or revoked), 403 (scope missing), 404, 409, 413 (message or
 request too large), 422 (invalid input) and 503 (database unreachable; retry).
+
+**WebSockets** (not listed below: OpenAPI does not describe them).
+`GET /subscriptions/{subscription_id}/ws` receives and settles one
+subscription's messages, `GET /ws` also publishes and subscribes to several;
+same tokens and scopes as here. The protocol is in docs/websocket.md.
+
+**Push subscriptions** (`push` on a subscription) are delivered by
+`fastpubsub push-worker`, signed per Standard Webhooks.
 """
 
 
@@ -148,6 +156,7 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
         oauth.router,
         clients.router,
         health.router,
+        websocket.router,
     )
     for router in routers:
         app.include_router(router)

@@ -19,7 +19,7 @@ import base64
 import contextlib
 import logging
 import math
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -31,7 +31,7 @@ from fastpubsub.api import jsonbody
 from fastpubsub.api.batching import GroupCommit
 from fastpubsub.api.metrics import ACKED, CONSUMED, DEAD_LETTERED, NACKED, PUBLISHED
 from fastpubsub.api.schemas import MAX_BATCH_SIZE
-from fastpubsub.api.wakeups import WakeHub
+from fastpubsub.api.wakeups import Waiter, WakeHub
 from fastpubsub.db import Database
 from fastpubsub.exceptions import (
     DatabaseUnavailableError,
@@ -245,7 +245,12 @@ class Delivery:
                     settled = [m for m in map(receipt_message_id, request["receipts"]) if m is not None]
                 else:
                     settled = request["ids"]
-                self.hub.settled(subscription_id, settled, done, result["streaming"])
+                if action == "extend" and request.get("seconds"):
+                    self.hub.extended(
+                        subscription_id, settled, request["seconds"]
+                    )  # still held: no room made
+                else:
+                    self.hub.settled(subscription_id, settled, done, result["streaming"])
             if ready or (done and action == "nack" and done > dead):
                 self.hub.made_ready(subscription_id, ready)  # 0: a retry is due later
         return results
@@ -267,90 +272,146 @@ class Delivery:
         max_in_flight: int,
         lease_seconds: float,
     ) -> AsyncIterator[bytes]:
-        """Server-sent events: one leased message per event, at most max_in_flight unacked.
+        """Server-sent events: a leased message per event, at most max_in_flight unacked (lease_batches).
 
-        Credit-based: the stream leases as many messages as it has room for,
-        sends them in one write, and refills as soon as this process settles
-        one of them, another process says it settled messages of the
-        subscription, or a lease runs out (`lease_seconds`, the ack deadline).
-        With room it waits in the hub's queue like a long-poll. A keep-alive
-        comment goes out after KEEPALIVE_SECONDS without anything written. While
-        the database is unreachable the stream stays open (keep-alives go on)
-        and resumes when it is back, up to the outage limit. When the client
-        goes away its leases run out normally; when the server stops, the
-        stream ends.
+        A keep-alive comment goes out after KEEPALIVE_SECONDS without anything
+        written. When the client goes away its leases run out normally; when
+        the server stops, the stream ends.
+        """
+        yield b": connected\n\n"
+        try:
+            async for events in self.lease_batches(
+                subscription_id,
+                consumer_id,
+                Window(max_in_flight),
+                lease_seconds,
+                idle_seconds=KEEPALIVE_SECONDS,
+                gone=request.is_disconnected,
+            ):
+                if events:
+                    yield b"".join(sse_event(message_id, data) for message_id, data in events)
+                else:
+                    yield b": keep-alive\n\n"
+        except FastPubSubError as exc:
+            # Headers are gone already: say what happened in the stream and end it.
+            log.warning("stream of %s ended: %s", subscription_id, exc)
+            yield _error_event(exc.message)
+
+    async def lease_batches(
+        self,
+        subscription_id: str,
+        consumer_id: str,
+        window: Window,
+        lease_seconds: float,
+        *,
+        idle_seconds: float = math.inf,
+        gone: Callable[[], Awaitable[bool]] | None = None,
+    ) -> AsyncIterator[list[tuple[UUID, str]]]:
+        """Lease messages as they come, never holding more than the window has room for.
+
+        The stream behind SSE, WebSockets and the push-worker. Each batch is a
+        list of (message id, its JSON as consume renders it); an empty batch
+        means nothing was sent for `idle_seconds` (time for a keep-alive).
+        Credit-based: it leases as many messages as the window has room for,
+        and looks again as soon as this process settles one of them (the
+        settlement takes it out of `window.held`), another process says it
+        settled messages of the subscription (then it asks the database which
+        of its leases are still held), a lease runs out (`lease_seconds`, the
+        ack deadline) or the window's holder wakes it. With room it waits in
+        the hub's queue like a long-poll. While the database is unreachable it
+        keeps waiting (idle batches go on) and resumes when it is back, up to
+        the outage limit, then raises DatabaseUnavailableError; other
+        fastpubsub errors (the subscription was deleted, ...) end it too. It
+        ends when the server stops or `gone()` says the client has left.
         """
         loop = asyncio.get_running_loop()
         hub = self.hub
-        held: dict[UUID, float] = {}  # messages out, and when (loop time) their leases end
+        held = window.held
         written = loop.time()
         checked = 0.0  # when the database last said which leases are still held
         outage_since: float | None = None
         retry = OUTAGE_RETRY_SECONDS
-        yield b": connected\n\n"
-        with hub.stream(subscription_id), hub.waiter(subscription_id, max_in_flight, held) as waiter:
-            while not hub.stopping.is_set():
-                waiter.event.clear()
-                now = loop.time()
-                for message_id in [m for m, ends in held.items() if ends <= now]:
-                    del held[message_id]  # its lease ran out: room again (it may come back)
-                timeout = math.inf
-                try:
-                    if (
-                        held
-                        and (waiter.recheck or now - checked >= FULL_RECHECK_SECONDS)
-                        and len(held) >= max_in_flight
-                    ):
-                        waiter.recheck = False
-                        checked = now
-                        leases = await self.database.leases_held(subscription_id, consumer_id, held)
-                        for message_id in [m for m in held if m not in leases]:
-                            del held[message_id]
-                    room = max_in_flight - len(held)
-                    waiter.demand = room
-                    if room > 0:
-                        events, due = await self.database.consume_events(
-                            subscription_id, consumer_id, min(room, MAX_BATCH_SIZE)
-                        )
-                        if events:
-                            hub.note_leased(subscription_id)
-                            if len(events) >= min(room, MAX_BATCH_SIZE):
-                                hub.pass_on(subscription_id, waiter)
-                            CONSUMED.labels(subscription_id).inc(len(events))
-                            ends = loop.time() + lease_seconds
-                            for message_id, _ in events:
-                                held[message_id] = ends
-                            yield b"".join(sse_event(message_id, data) for message_id, data in events)
-                            written = loop.time()
-                            continue
-                        hub.note_due(subscription_id, due)
-                    else:
-                        earliest = min(held.values()) - loop.time() + 0.005
-                        timeout = min(max(earliest, 0), FULL_RECHECK_SECONDS)
-                    outage_since, retry = None, OUTAGE_RETRY_SECONDS
-                except (DatabaseUnavailableError, StatementTimeoutError) as exc:
-                    # Keep the client: the database is away, not the messages.
-                    if outage_since is None:
-                        outage_since = loop.time()
-                        log.warning("stream of %s waits for the database: %s", subscription_id, exc)
-                    if loop.time() - outage_since > self.stream_outage_seconds:
-                        yield _error_event(
-                            f"the database has been unavailable for over {self.stream_outage_seconds:g} s"
-                        )
+        with hub.stream(subscription_id), hub.waiter(subscription_id, window.room(), held) as waiter:
+            window.waiter = waiter
+            try:
+                while not hub.stopping.is_set():
+                    waiter.event.clear()
+                    now = loop.time()
+                    for message_id in [m for m, ends in held.items() if ends <= now]:
+                        del held[message_id]  # its lease ran out: room again (it may come back)
+                    timeout = math.inf
+                    try:
+                        if (
+                            held
+                            and (waiter.recheck or now - checked >= FULL_RECHECK_SECONDS)
+                            and window.room() <= 0
+                        ):
+                            waiter.recheck = False
+                            checked = now
+                            leases = await self.database.leases_held(subscription_id, consumer_id, held)
+                            for message_id in [m for m in held if m not in leases]:
+                                del held[message_id]
+                        room = window.room()
+                        waiter.demand = room
+                        if room > 0:
+                            events, due = await self.database.consume_events(
+                                subscription_id, consumer_id, min(room, MAX_BATCH_SIZE)
+                            )
+                            if events:
+                                hub.note_leased(subscription_id)
+                                if len(events) >= min(room, MAX_BATCH_SIZE):
+                                    hub.pass_on(subscription_id, waiter)
+                                CONSUMED.labels(subscription_id).inc(len(events))
+                                ends = loop.time() + lease_seconds
+                                for message_id, _ in events:
+                                    held[message_id] = ends
+                                yield events
+                                written = loop.time()
+                                continue
+                            hub.note_due(subscription_id, due)
+                        elif held:
+                            earliest = min(held.values()) - loop.time() + 0.005
+                            timeout = min(max(earliest, 0), FULL_RECHECK_SECONDS)
+                        outage_since, retry = None, OUTAGE_RETRY_SECONDS
+                    except (DatabaseUnavailableError, StatementTimeoutError) as exc:
+                        # Keep the client: the database is away, not the messages.
+                        if outage_since is None:
+                            outage_since = loop.time()
+                            log.warning("stream of %s waits for the database: %s", subscription_id, exc)
+                        if loop.time() - outage_since > self.stream_outage_seconds:
+                            raise DatabaseUnavailableError(
+                                f"the database has been unavailable for over {self.stream_outage_seconds:g} s"
+                            ) from exc
+                        timeout, retry = retry, min(retry * 2, MAX_OUTAGE_RETRY_SECONDS)
+                    timeout = min(timeout, written + idle_seconds - loop.time())
+                    await wait_for(waiter.event, timeout)
+                    if loop.time() >= written + idle_seconds:
+                        yield []
+                        written = loop.time()
+                    if gone is not None and await gone():
                         return
-                    timeout, retry = retry, min(retry * 2, MAX_OUTAGE_RETRY_SECONDS)
-                except FastPubSubError as exc:
-                    # Headers are gone already: say what happened in the stream and end it.
-                    log.warning("stream of %s ended: %s", subscription_id, exc)
-                    yield _error_event(exc.message)
-                    return
-                timeout = min(timeout, written + KEEPALIVE_SECONDS - loop.time())
-                await wait_for(waiter.event, timeout)
-                if loop.time() >= written + KEEPALIVE_SECONDS:
-                    yield b": keep-alive\n\n"
-                    written = loop.time()
-                if await request.is_disconnected():
-                    return
+            finally:
+                window.waiter = None
+
+
+class Window:
+    """How many messages a lease stream may hold unsettled, and those it holds (see Delivery.lease_batches).
+
+    The holder may change `limit` at any time; `wake()` makes the stream look again.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held: dict[UUID, float] = {}  # messages out, and when (loop time) their leases end
+        self.waiter: Waiter | None = None  # while the stream runs
+
+    def room(self) -> int:
+        """How many more messages the stream may lease now."""
+        return self.limit - len(self.held)
+
+    def wake(self) -> None:
+        if self.waiter is not None:
+            self.waiter.event.set()
 
 
 def sse_event(message_id: UUID | str, data: str) -> bytes:

@@ -155,6 +155,96 @@ class TopicStatsOut(BaseModel):
     subscriptions: list[SubscriptionStats]
 
 
+# -- push subscriptions -------------------------------------------------------
+MAX_PUSH_HEADERS = 32
+# Headers fastpubsub sets on every push request itself.
+RESERVED_PUSH_HEADERS = frozenset(
+    {
+        "webhook-id",
+        "webhook-timestamp",
+        "webhook-signature",
+        "content-type",
+        "content-length",
+        "content-encoding",
+        "transfer-encoding",
+        "host",
+        "connection",
+        "keep-alive",
+        "upgrade",
+        "te",
+        "trailer",
+        "proxy-authorization",
+        "expect",
+    }
+)
+PushHeaderName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")]
+PushHeaderValue = Annotated[str, StringConstraints(max_length=4096, pattern=r"^[^\x00-\x08\x0a-\x1f\x7f]*$")]
+PUSH_EXAMPLE: dict[str, Any] = {
+    "endpoint": "https://hooks.example.com/orders",
+    "headers": {"Authorization": "Bearer receiver-token"},
+    "timeout_seconds": 10,
+    "max_concurrency": 10,
+}
+
+
+class PushConfig(Body):
+    """Deliver the subscription by HTTPS POST to `endpoint` (`fastpubsub push-worker` sends them)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [PUSH_EXAMPLE]})
+
+    endpoint: Annotated[
+        str, StringConstraints(max_length=2048, pattern=r"^[Hh][Tt][Tt][Pp][Ss]?://[^\s]+$")
+    ] = Field(
+        description="An https:// URL on a public address (http:// and other addresses only as the "
+        "server's FASTPUBSUB_PUSH_ALLOW_HTTP and FASTPUBSUB_PUSH_ALLOWED_HOSTS allow)"
+    )
+    headers: dict[PushHeaderName, PushHeaderValue] = Field(
+        default_factory=dict,
+        max_length=MAX_PUSH_HEADERS,
+        description="Sent with every request (e.g. the receiver's own credentials); the webhook-*, "
+        "content and connection headers are fastpubsub's",
+    )
+    timeout_seconds: StrictInt = Field(
+        default=10, ge=1, le=60, description="A request not answered within this counts as failed"
+    )
+    max_concurrency: StrictInt = Field(
+        default=10, ge=1, le=100, description="Requests in flight at once, per push-worker process"
+    )
+
+    @model_validator(mode="after")
+    def _own_headers(self) -> PushConfig:
+        taken = sorted(name for name in self.headers if name.lower() in RESERVED_PUSH_HEADERS)
+        if taken:
+            raise ValueError(f"headers may not set {', '.join(taken)}: fastpubsub sets them")
+        if len({name.lower() for name in self.headers}) < len(self.headers):
+            raise ValueError("headers names must differ in more than case")
+        return self
+
+
+class PushOut(BaseModel):
+    endpoint: str
+    headers: dict[str, str]
+    timeout_seconds: int
+    max_concurrency: int
+    secret: str | None = Field(
+        default=None,
+        description="The signing secret (whsec_...): only in the answer that made it (the subscription "
+        "becoming a push one, or a rotation); null everywhere else",
+    )
+    previous_secret_valid_until: datetime | None = Field(
+        default=None, description="After a rotation: until when the previous secret still signs too"
+    )
+
+
+class PushSecretRotation(Body):
+    grace_seconds: StrictInt = Field(
+        default=86400,
+        ge=0,
+        le=604800,
+        description="How long the current secret keeps signing next to the new one (0: it stops at once)",
+    )
+
+
 # -- subscriptions ------------------------------------------------------------
 RetryPolicy = Literal["fixed", "linear", "exponential"]
 ExpiryPolicy = Literal["drop", "dead_letter"]
@@ -216,6 +306,9 @@ class SubscriptionCreate(_Policies):
         "message of the topic still retained) or a time (also those retained published from then on); "
         "retained messages are added in batches after the answer (see `backfilling`)",
     )
+    push: PushConfig | None = Field(
+        default=None, description="Make it a push subscription: its messages are POSTed to an endpoint"
+    )
 
 
 class SubscriptionOut(BaseModel):
@@ -237,6 +330,7 @@ class SubscriptionOut(BaseModel):
     backfilling: bool = Field(
         default=False, description="Retained messages its start position asked for are still being added"
     )
+    push: PushOut | None = Field(default=None, description="null for a pull subscription")
 
 
 # -- messages -----------------------------------------------------------------
@@ -348,15 +442,20 @@ class PublishResponse(BaseModel):
 
 
 class SubscriptionUpdate(_Policies):
-    """The fields to change; leave out what stays. `null` removes the filter, the message TTL or the
-    backlog limit (for the other fields it changes nothing)."""
+    """The fields to change; leave out what stays. `null` removes the filter, the message TTL, the
+    backlog limit or the push configuration (for the other fields it changes nothing)."""
 
     filter: FilterObject | None = Field(
         default=None, examples=[{"user.country": ["BR"], "amount": {"$gte": 100}}]
     )
+    push: PushConfig | None = Field(
+        default=None,
+        description="A new push configuration (the whole of it); null makes it a pull subscription again "
+        "and forgets its signing secrets",
+    )
 
     # Fields that `null` removes; for the others null leaves the value as it is.
-    CLEARABLE: ClassVar[frozenset[str]] = frozenset({"filter", "message_ttl_seconds", "max_backlog"})
+    CLEARABLE: ClassVar[frozenset[str]] = frozenset({"filter", "message_ttl_seconds", "max_backlog", "push"})
 
     def changes(self) -> dict[str, Any]:
         """The fields sent, as update_subscription takes them."""

@@ -333,6 +333,18 @@ class WakeHub:
         if streaming and count:  # a stream of this subscription is open somewhere
             self._tell(f"settled:{subscription_id}", count)
 
+    def extended(self, subscription_id: str, ids: Iterable[UUID | str], seconds: float) -> None:
+        """This process moved leases of `ids` to end `seconds` from now: streams holding them hold them on."""
+        queue = self._queues.get(subscription_id)
+        if queue is None:
+            return
+        ends = asyncio.get_running_loop().time() + seconds
+        moved = {_uuid(i) for i in ids}
+        for waiter in queue.waiters:
+            if waiter.held:
+                for message_id in moved.intersection(waiter.held):
+                    waiter.held[message_id] = ends
+
     # -- what the other processes say -------------------------------------------------------
 
     def heard(self, payload: str) -> None:

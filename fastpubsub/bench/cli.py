@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -190,10 +191,131 @@ def bench_consume(
             check.close()
         return workloads.verify_drained(result, messages, metrics)
 
-    result = asyncio.run(run())
+    _report_drained(asyncio.run(run()))
+
+
+@bench_app.command("push")
+def bench_push(
+    url: Url,
+    database_url: Annotated[
+        str,
+        typer.Option(envvar="FASTPUBSUB_DATABASE_URL", help="The database the server uses (the workers')"),
+    ],
+    token: Token = None,
+    workers: Annotated[int, typer.Option(min=1, help="push-worker processes")] = 1,
+    max_concurrency: Annotated[
+        int, typer.Option(min=1, max=100, help="The subscription's push max_concurrency (per worker)")
+    ] = 10,
+    messages: Annotated[int, typer.Option(min=1, help="Messages to publish first, then push")] = 20_000,
+    payload_bytes: PayloadBytes = 230,
+) -> None:
+    """Push a backlog to a webhook receiver on loopback with push-workers it starts; msg/s delivered.
+
+    The server must allow that endpoint: FASTPUBSUB_PUSH_ALLOW_HTTP=true and
+    FASTPUBSUB_PUSH_ALLOWED_HOSTS=127.0.0.1. Checks every message was acked once.
+    """
+    from fastpubsub.bench import push, suite
+
+    async def run() -> workloads.Result:
+        await suite.same_database(suite.connector(url, token), database_url)
+        return await suite.phase(
+            "push to a loopback receiver",
+            messages,
+            lambda p: push.push_to_receiver(
+                suite.connector(url, token),
+                database_url,
+                messages=messages,
+                workers=workers,
+                max_concurrency=max_concurrency,
+                payload_bytes=payload_bytes,
+                progress=p,
+            ),
+        )
+
+    try:
+        result = asyncio.run(run())
+    except (push.PushBenchError, suite.BenchError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    _report_drained(result)
+
+
+def _drain_command(kind: str, over: str, acks: str) -> Callable[..., None]:
+    """`bench stream` or `bench websocket`: the same drain, over SSE or WebSockets."""
+
+    def command(
+        url: Url,
+        token: Token = None,
+        streams: Annotated[int, typer.Option(min=1, help="Streams or sockets, a process each")] = 4,
+        max_in_flight: Annotated[int, typer.Option(min=1, max=1000)] = 1000,
+        ack_batch: Annotated[int, typer.Option(min=1, max=1000, help="Receipts per ack")] = 100,
+        messages: Annotated[
+            int, typer.Option(min=1000, help="Messages to publish first, then drain")
+        ] = 50_000,
+        payload_bytes: PayloadBytes = 230,
+    ) -> None:
+        _drain_backlog(url, token, kind, streams, max_in_flight, ack_batch, messages, payload_bytes)
+
+    command.__doc__ = (
+        f"Publish a backlog, drain it with {over} acking in batches ({acks}); checks it all went once."
+    )
+    return command
+
+
+bench_app.command("stream")(_drain_command("stream", "Server-sent event streams", "HTTP requests"))
+bench_app.command("websocket")(_drain_command("websocket", "WebSockets", "frames on the socket"))
+
+
+def _drain_backlog(
+    url: str,
+    token: str | None,
+    kind: str,
+    streams: int,
+    max_in_flight: int,
+    ack_batch: int,
+    messages: int,
+    payload_bytes: int,
+) -> None:
+    from fastpubsub.bench import suite, waiting, workloads
+
+    async def run() -> workloads.Result:
+        connect = suite.connector(url, token)
+        topic = workloads.unique(f"bench-{kind}")
+        subscription = f"{topic}-s"
+        setup = connect()
+        await workloads.http_setup(setup, topic, [(subscription, None)])
+        with suite.progress_bar("publishing the backlog", None):
+            await workloads.http_fill(setup, topic, messages, payload_bytes)
+        result = await suite.phase(
+            f"{kind} consume+ack",
+            messages,
+            lambda p: waiting.sse_consume(
+                url,
+                token,
+                websocket=kind == "websocket",
+                subscription=subscription,
+                messages=messages,
+                streams=streams,
+                max_in_flight=max_in_flight,
+                ack_batch=ack_batch,
+                progress=p,
+            ),
+        )
+        try:
+            metrics = await workloads.http_metrics(setup, subscription)
+        finally:
+            setup.close()
+        return workloads.verify_drained(result, messages, metrics)
+
+    _report_drained(asyncio.run(run()))
+
+
+def _report_drained(result: workloads.Result) -> None:
+    from fastpubsub.bench import suite
+
     suite.report_one(result)
     for problem in result.extra["problems"]:
-        typer.echo(f"consume check: {problem}", err=True)
+        typer.echo(f"check: {problem}", err=True)
     if result.extra["problems"]:
         raise typer.Exit(1)
 

@@ -8,6 +8,8 @@
 * `sse_consume`: a backlog drained by streams, each in a process of its own
   (so that parsing events is never what sets the pace), acking in batches on a
   second keep-alive connection.
+  With `websocket=True`, the same drain over WebSockets
+  (`/subscriptions/{id}/ws`), each socket acking in batches in-band by receipt.
 * `idle_streams`: thousands of streams held open by one client process; the
   server's memory, and the publish latency beside the same publishing without
   them.
@@ -22,7 +24,7 @@ import os
 import resource
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import orjson
@@ -145,7 +147,11 @@ def _drain(database_url: str, subscription: str) -> None:
 # -- streams ---------------------------------------------------------------------------------
 
 
+Drain = Callable[[str, "str | None", str, str, int, int, Any, int, Any, list[str]], Coroutine[Any, Any, None]]
+
+
 def _stream_client(
+    drain: Drain,
     url: str,
     token: str | None,
     subscription: str,
@@ -157,14 +163,10 @@ def _stream_client(
     stop: Any,
     pipe: Any,
 ) -> None:
-    """A process: one stream, acks in batches on another connection; sends back its ids and CPU time."""
+    """A process: one stream (`drain`: SSE or WebSocket) acking in batches; sends back ids and CPU time."""
     cpu = time.process_time()
     ids: list[str] = []
-    asyncio.run(
-        _stream_and_ack(
-            url, token, subscription, consumer, max_in_flight, ack_batch, counter, slot, stop, ids
-        )
-    )
+    asyncio.run(drain(url, token, subscription, consumer, max_in_flight, ack_batch, counter, slot, stop, ids))
     pipe.send((ids, time.process_time() - cpu))
     pipe.close()
 
@@ -226,11 +228,68 @@ async def _stream_and_ack(
         counter[slot] = len(ids)
         if len(pending) >= ack_batch:
             ack_now()
-    if acking is not None:
-        with contextlib.suppress(Exception):
-            await acking
+    for _ in range(2):  # the ack in flight, then what came while it was out
+        if acking is not None:
+            with contextlib.suppress(Exception):
+                await acking
+        ack_now()
     writer.close()
     acker.close()
+
+
+async def _socket_and_ack(
+    url: str,
+    token: str | None,
+    subscription: str,
+    consumer: str,
+    max_in_flight: int,
+    ack_batch: int,
+    counter: Any,
+    slot: int,
+    stop: Any,
+    ids: list[str],
+) -> None:
+    """One WebSocket: messages in, acks by receipt out on the same socket (answers awaited at the end)."""
+    from websockets.asyncio.client import connect
+
+    ws_url = url.replace("http://", "ws://", 1).replace("https://", "wss://", 1)
+    query = f"consumer_id={consumer}&max_in_flight={max_in_flight}"
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with connect(
+        f"{ws_url}/subscriptions/{subscription}/ws?{query}", additional_headers=headers, max_size=2**24
+    ) as socket:
+        pending: list[str] = []
+        unanswered = 0  # ack frames sent whose answers have not come yet
+
+        async def ack_now() -> None:
+            nonlocal pending, unanswered
+            if pending:
+                await socket.send(orjson.dumps({"type": "ack", "receipts": pending}).decode())
+                pending = []
+                unanswered += 1
+
+        while not stop.is_set():
+            try:
+                raw = await asyncio.wait_for(socket.recv(), 0.005)
+            except TimeoutError:
+                await ack_now()  # nothing new for a moment: settle what is pending
+                continue
+            frame = orjson.loads(raw)
+            if frame["type"] == "acked":
+                unanswered -= 1
+            if frame["type"] != "message":
+                continue
+            ids.append(frame["message"]["id"])
+            pending.append(frame["message"]["receipt"])
+            counter[slot] = len(ids)
+            if len(pending) >= ack_batch:
+                await ack_now()
+        await ack_now()
+        # The server settles a socket's frames in order: its last answer means every ack is done.
+        async with asyncio.timeout(30):
+            while unanswered:
+                if orjson.loads(await socket.recv())["type"] == "acked":
+                    unanswered -= 1
 
 
 async def sse_consume(
@@ -242,10 +301,34 @@ async def sse_consume(
     streams: int,
     max_in_flight: int,
     ack_batch: int,
+    websocket: bool = False,
     limit_seconds: float = 120,
     progress: Callable[[int], None] | None = None,
 ) -> Result:
-    """Drain `messages` from `subscription` with `streams` streams in processes of their own."""
+    """Drain `messages` from `subscription` with `streams` streams (SSE, or WebSockets) in processes."""
+    drain = _socket_and_ack if websocket else _stream_and_ack
+    result = await _drain_in_processes(
+        drain, url, token, subscription, messages, streams, max_in_flight, ack_batch, limit_seconds, progress
+    )
+    if websocket:
+        result.name = f"WebSocket consume+ack ({streams} sockets, acks in batches in-band)"
+    else:
+        result.name = f"stream consume+ack ({streams} streams, acks in batches)"
+    return result
+
+
+async def _drain_in_processes(
+    drain: Drain,
+    url: str,
+    token: str | None,
+    subscription: str,
+    messages: int,
+    streams: int,
+    max_in_flight: int,
+    ack_batch: int,
+    limit_seconds: float,
+    progress: Callable[[int], None] | None,
+) -> Result:
     context = multiprocessing.get_context("spawn")
     counter = context.RawArray("q", streams)
     stop = context.Event()
@@ -255,6 +338,7 @@ async def sse_consume(
         process = context.Process(
             target=_stream_client,
             args=(
+                drain,
                 url,
                 token,
                 subscription,
@@ -301,7 +385,7 @@ async def sse_consume(
         "duplicates": len(all_ids) - len(set(all_ids)),
         "client_busy": busiest,
     }
-    return Result(f"stream consume+ack ({streams} streams, acks in batches)", len(all_ids), elapsed, extra)
+    return Result("", len(all_ids), elapsed, extra)
 
 
 def _hold_streams(url: str, subscription: str, count: int, ready: Any, release: Any) -> None:

@@ -55,7 +55,7 @@ from fastpubsub.client.subscriber import (
     Subscriber,
 )
 from fastpubsub.client.sync import Client
-from fastpubsub.client.transports import Lease, PollTransport, StreamTransport, Transport
+from fastpubsub.client.transports import Lease, PollTransport, StreamTransport, Transport, WebSocketTransport
 
 Message = MessageOut
 """A consumed message: id, subscription_id, payload, attributes, priority, delivery_attempts, created_at."""
@@ -103,4 +103,5 @@ __all__ = [
     "SubscriptionOut",
     "TopicOut",
     "Transport",
+    "WebSocketTransport",
 ]

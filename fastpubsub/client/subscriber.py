@@ -66,8 +66,9 @@ class ConsumeOptions(TypedDict, total=False):
     """Bytes of such messages at most (default 100 MiB); receiving pauses above it."""
     concurrency: int
     """Callbacks running at once (default 10): threads for a plain function, tasks for an async one."""
-    transport: Literal["stream", "poll"] | Transport
-    """How messages come: "stream" (server-sent events, the default), "poll" (long-polls) or a Transport."""
+    transport: Literal["stream", "poll", "websocket"] | Transport
+    """How messages come: "stream" (server-sent events, the default), "poll" (long-polls), "websocket"
+    (messages and settlements on one WebSocket) or a Transport."""
     on_error: Literal["nack", "dead_letter", "lapse"]
     """When the callback raises: nack the message (default), dead-letter it now, or let its lease run out."""
     ack_deadline_seconds: int | None

@@ -1,10 +1,9 @@
-"""How a Subscriber receives and settles messages: a stream of server-sent events, or long-polls.
+"""How a Subscriber receives and settles messages: server-sent events, long-polls or a WebSocket.
 
 A transport receives messages for one consumer until it is cancelled,
 handing each to `Session.deliver` and pausing while `Session.flow` has no room
-(flow control), and it carries acks, nacks and lease changes to the server. A
-transport that settles in-band (a WebSocket, say) implements the same
-protocol; the Subscriber does not change.
+(flow control), and it carries acks, nacks and lease changes to the server:
+over HTTP, or in-band on the WebSocket. The Subscriber does not change.
 """
 
 from __future__ import annotations
@@ -13,7 +12,8 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
+from urllib.parse import urlencode
 from uuid import UUID
 
 import httpx
@@ -21,8 +21,8 @@ import httpx
 from fastpubsub import jsoncodec
 from fastpubsub.api.schemas import MAX_BATCH_SIZE, MAX_WAIT_SECONDS, MessageOut
 from fastpubsub.client import errors
-from fastpubsub.client.aio import AsyncClient, StreamEndedError
-from fastpubsub.client.http import Retry
+from fastpubsub.client.aio import AsyncClient, StreamEndedError, parse_message
+from fastpubsub.client.http import Retry, path
 
 log = logging.getLogger("fastpubsub.client")
 
@@ -239,12 +239,168 @@ class PollTransport(HttpSettlement):
                 session.deliver(message, len(jsoncodec.dumps(message.payload)))
 
 
-def make_transport(kind: Literal["stream", "poll"] | Transport) -> Transport:
+# WebSocket close codes (docs/websocket.md) that trying again cannot fix.
+_FINAL_CLOSES: dict[int, type[errors.APIError]] = {
+    4401: errors.AuthenticationError,
+    4403: errors.PermissionDeniedError,
+    4404: errors.NotFoundError,
+    4422: errors.InvalidInputError,
+}
+# How long an in-band settlement may wait for its answer before it goes over HTTP instead.
+SOCKET_ANSWER_SECONDS = 30.0
+
+
+class WebSocketTransport(HttpSettlement):
+    """One WebSocket per consumer (`/subscriptions/{id}/ws`): messages, acks, nacks and lease changes.
+
+    The server sends at most max_in_flight = the consumer's max_messages (at
+    most 1000) unsettled messages; when max_bytes is reached below that, the
+    window shrinks to what the consumer holds (a `flow` frame) until there is
+    room again (the socket is always read: answers come on it too; messages
+    already on their way still arrive, so max_bytes is a guard above
+    max_messages, as with a stream). Settlements go on the socket, by receipt,
+    answered per item; while it is down (or an answer is late) they go over
+    HTTP instead, which is safe: a receipt settles its lease once. The socket
+    is opened again whenever it closes, except for a close that says trying
+    again cannot help (no valid token, a scope missing, no such subscription).
+    """
+
+    def __init__(self) -> None:
+        self._socket: Any = None  # a websockets ClientConnection while connected
+        self._answers: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._next_id = 0
+
+    async def receive(self, session: Session) -> None:
+        from websockets.asyncio.client import connect
+        from websockets.exceptions import ConnectionClosed, InvalidHandshake
+
+        failures = 0
+        window = min(session.flow.max_messages, MAX_STREAM_IN_FLIGHT)
+        while True:
+            await session.flow.wait_for_room()
+            restore: asyncio.Task[None] | None = None
+            try:
+                token = await session.client.access_token()
+                headers = {"Authorization": f"Bearer {token}"} if token else {}
+                async with connect(
+                    _socket_url(session, window), additional_headers=headers, proxy=None, open_timeout=30
+                ) as socket:
+                    self._socket = socket
+                    async for raw in socket:
+                        failures = 0
+                        self._received(session, raw)
+                        flow = session.flow
+                        if (
+                            flow.room() == 0
+                            and flow.messages < window
+                            and (restore is None or restore.done())
+                        ):
+                            # max_bytes reached: no more for now, the full window once there is room.
+                            await socket.send(_flow(max(flow.messages, 1)))
+                            restore = asyncio.create_task(self._restore(session, socket, window))
+                raise StreamEndedError("the server closed the socket")
+            except ConnectionClosed as exc:
+                code = exc.rcvd.code if exc.rcvd is not None else None
+                if code in _FINAL_CLOSES:
+                    raise _FINAL_CLOSES[code](exc.rcvd.reason if exc.rcvd else None, status=code) from None
+                failures += 1
+                await pause_after_failure(session, failures, exc)
+            except (*TRANSIENT, InvalidHandshake, OSError, TimeoutError) as exc:
+                failures += 1
+                await pause_after_failure(session, failures, exc)
+            finally:
+                if restore is not None:
+                    restore.cancel()
+                self._socket = None
+                for answer in self._answers.values():
+                    if not answer.done():
+                        answer.set_exception(StreamEndedError("the socket closed"))
+                self._answers.clear()
+
+    @staticmethod
+    async def _restore(session: Session, socket: Any, window: int) -> None:
+        await session.flow.wait_for_room()
+        await socket.send(_flow(window))
+
+    def _received(self, session: Session, raw: str | bytes) -> None:
+        frame = jsoncodec.loads(raw)
+        kind = frame.get("type")
+        if kind == "message":
+            session.deliver(parse_message(frame["message"]), len(raw))
+        elif (answer := self._answers.pop(frame.get("id"), None)) is not None:
+            if not answer.done():
+                answer.set_result(frame)
+        elif kind == "error" and frame.get("subscription") is not None:
+            # The server ended this subscription's stream (e.g. it was deleted).
+            status = int(frame.get("status", 500))
+            if status in (403, 404):
+                raise errors.for_status(status, frame.get("detail"), "WS", session.subscription_id)
+            raise StreamEndedError(f"the server ended the stream: {frame.get('detail')}")
+        elif kind == "error":
+            log.warning("the server said: %s", frame.get("detail"))
+
+    async def _ask(self, frame: dict[str, Any]) -> dict[str, Any] | None:
+        """Send a request on the socket and wait for its answer; None when it cannot be had that way."""
+        socket = self._socket
+        if socket is None:
+            return None
+        self._next_id += 1
+        frame["id"] = request_id = self._next_id
+        answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._answers[request_id] = answer
+        try:
+            await socket.send(jsoncodec.dumps_text(frame))
+            async with asyncio.timeout(SOCKET_ANSWER_SECONDS):
+                got = await answer
+        except Exception as exc:  # closed, late or failed: the caller uses HTTP
+            log.debug("in-band %s failed (%s): over HTTP instead", frame["type"], exc)
+            return None
+        finally:
+            self._answers.pop(request_id, None)
+        if got.get("type") == "error":
+            raise errors.for_status(int(got.get("status", 400)), got.get("detail"), "WS", frame["type"])
+        return got
+
+    async def settle(self, session: Session, kind: Settlement, leases: Sequence[Lease]) -> list[UUID]:
+        receipts = _receipts(leases)
+        if receipts is not None:
+            request: dict[str, Any] = {"type": "ack" if kind == "ack" else "nack", "receipts": receipts}
+            if kind == "dead_letter":
+                request["requeue"] = False
+            answer = await self._ask(request)
+            if answer is not None:
+                return _not_held(leases, [f["receipt"] for f in answer["failed"]])
+        return await super().settle(session, kind, leases)
+
+    async def extend(self, session: Session, leases: Sequence[Lease], seconds: int) -> list[UUID]:
+        receipts = _receipts(leases)
+        if receipts is not None:
+            answer = await self._ask({"type": "extend", "receipts": receipts, "seconds": seconds})
+            if answer is not None:
+                return _not_held(leases, [f["receipt"] for f in answer["failed"]])
+        return await super().extend(session, leases, seconds)
+
+
+def _flow(max_in_flight: int) -> str:
+    return jsoncodec.dumps_text({"type": "flow", "max_in_flight": max_in_flight})
+
+
+def _socket_url(session: Session, window: int) -> str:
+    base = session.client.url
+    scheme, _, rest = base.partition("://")
+    query = urlencode({"consumer_id": session.consumer_id, "max_in_flight": window})
+    ws_scheme = "wss" if scheme == "https" else "ws"
+    return f"{ws_scheme}://{rest}{path('subscriptions', session.subscription_id, 'ws')}?{query}"
+
+
+def make_transport(kind: Literal["stream", "poll", "websocket"] | Transport) -> Transport:
     """A transport by name, or the one given."""
     if kind == "stream":
         return StreamTransport()
     if kind == "poll":
         return PollTransport()
+    if kind == "websocket":
+        return WebSocketTransport()
     if isinstance(kind, str):
-        raise ValueError(f'transport must be "stream", "poll" or a Transport, not "{kind}"')
+        raise ValueError(f'transport must be "stream", "poll", "websocket" or a Transport, not "{kind}"')
     return kind

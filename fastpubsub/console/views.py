@@ -347,7 +347,8 @@ async def update_subscription(request: Request, subscription_id: SubscriptionId)
         "max_backlog": forms.integer(form, "max_backlog"),
     }
     body = SubscriptionUpdate.model_validate(changes)
-    await subscriptions.update_subscription(subscription_id, body, request.app.state.database, principal)
+    state = request.app.state
+    await subscriptions.update_subscription(subscription_id, body, state.database, principal, state.settings)
     return back(f"/console/subscriptions/{subscription_id}", "updated")
 
 

@@ -31,6 +31,7 @@ from fastpubsub.models import (
     Message,
     NackResult,
     PeekedMessage,
+    PushSubscription,
     SeekResult,
     StuckCleanupResult,
     Subscription,
@@ -194,8 +195,9 @@ class Database:
         self, subscription_id: str, topic_id: str, *, start: str | None = None, **options: Any
     ) -> Subscription:
         """A new subscription; `options` are create_subscription's (filter, max_delivery_attempts, ...,
-        max_backlog, backlog_policy); None takes the default. `start`: "latest" (None), "earliest" or an
-        ISO 8601 time; the retained messages are then added by `backfill`."""
+        max_backlog, backlog_policy, push, push_secret); None takes the default. With `push`, a push
+        subscription signed with `push_secret`. `start`: "latest" (None), "earliest" or an ISO 8601 time;
+        the retained messages are then added by `backfill`."""
         given = {name: value for name, value in options.items() if value is not None}
         row = await self._one(
             "create_subscription", id=subscription_id, topic_id=topic_id, options=_json(given), start=start
@@ -227,10 +229,22 @@ class Database:
         return [Subscription(*row) for row in rows]
 
     async def update_subscription(self, subscription_id: str, changes: dict[str, Any]) -> Subscription:
-        """Set the fields named in `changes` (None: the filter, TTL or backlog limit removed, a policy
-        back to its default); others stay."""
+        """Set the fields named in `changes` (None: the filter, TTL, backlog limit or push configuration
+        removed, a policy back to its default); others stay. `push_secret` signs a subscription that
+        becomes a push one."""
         row = await self._one("update_subscription", id=subscription_id, changes=_json(changes))
         return Subscription(*row)
+
+    async def rotate_push_secret(self, subscription_id: str, secret: str, grace_seconds: int) -> Subscription:
+        """Sign with `secret` from now on; the current one signs too for `grace_seconds`."""
+        row = await self._one(
+            "rotate_push_secret", id=subscription_id, push_secret=secret, grace_seconds=grace_seconds
+        )
+        return Subscription(*row)
+
+    async def push_subscriptions(self) -> list[PushSubscription]:
+        """Every push subscription, with the secrets that sign its requests now."""
+        return [PushSubscription(*row) for row in await self._rows("push_subscriptions")]
 
     async def seek(self, subscription_id: str, time: datetime) -> SeekResult:
         """Replay retained messages published at or after `time`; earlier pending ones count as acked."""

@@ -100,7 +100,7 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
     SELECT ARRAY['filter', 'max_delivery_attempts', 'backoff_min_seconds', 'backoff_max_seconds',
                  'ack_deadline_seconds', 'retry_policy', 'retry_jitter', 'message_ttl_seconds', 'expiry_policy',
-                 'max_backlog', 'backlog_policy']
+                 'max_backlog', 'backlog_policy', 'push', 'push_secret']
 $$;
 
 -- Keep topics.backlog_limited true exactly while a subscription of the topic
@@ -139,13 +139,16 @@ $$;
 -- A new subscription of a topic. p_options (all optional): filter,
 -- max_delivery_attempts, backoff_min_seconds, backoff_max_seconds,
 -- ack_deadline_seconds, retry_policy, retry_jitter, message_ttl_seconds,
--- expiry_policy, max_backlog, backlog_policy (absent or null: the default).
+-- expiry_policy, max_backlog, backlog_policy (absent or null: the default),
+-- push (see subscriptions.push; absent or null: a pull subscription) and
+-- push_secret, the secret that signs a push subscription's requests.
 -- p_start says which messages it receives: NULL or 'latest', those published
 -- from now on; 'earliest', also every message of the topic still retained;
 -- an ISO 8601 time, also those retained that were published from then on.
 -- The retained ones are added afterwards by `backfill`, in batches (see
 -- there). FP404 for an unknown topic, FP422 for a bad filter, option or start,
--- 23505 when the id is taken, 23514 when a value is out of range.
+-- 23505 when the id is taken, 23514 when a value is out of range or a push
+-- configuration has no endpoint or no secret.
 CREATE OR REPLACE FUNCTION fastpubsub.create_subscription(p_id text, p_topic_id text, p_options jsonb, p_start text)
 RETURNS fastpubsub.subscriptions
 LANGUAGE plpgsql
@@ -154,6 +157,7 @@ DECLARE
     v_topic_key integer;
     v_filter jsonb;
     v_since timestamptz;
+    v_push jsonb := nullif(p_options -> 'push', 'null'::jsonb);
     s fastpubsub.subscriptions;
 BEGIN
     PERFORM fastpubsub._check_options(p_options, fastpubsub._subscription_options());
@@ -177,7 +181,8 @@ BEGIN
     INSERT INTO fastpubsub.subscriptions AS t (
         id, topic_key, filter, max_delivery_attempts, backoff_min_seconds,
         backoff_max_seconds, ack_deadline_seconds, retry_policy, retry_jitter, message_ttl_seconds,
-        expiry_policy, max_backlog, backlog_policy, backfill_next, backfill_until, backfill_since)
+        expiry_policy, max_backlog, backlog_policy, backfill_next, backfill_until, backfill_since, push,
+        push_secret)
     VALUES (
         p_id, v_topic_key, v_filter,
         coalesce((p_options ->> 'max_delivery_attempts')::integer, 5),
@@ -195,7 +200,8 @@ BEGIN
         CASE WHEN v_since = '-infinity' THEN '00000000-0000-0000-0000-000000000000'::uuid
              WHEN v_since IS NOT NULL THEN fastpubsub._message_id_floor(v_since - interval '1 second') END,
         CASE WHEN v_since IS NOT NULL THEN fastpubsub._message_id_floor(clock_timestamp() + interval '1 second') END,
-        v_since)
+        v_since,
+        v_push, CASE WHEN v_push IS NOT NULL THEN p_options ->> 'push_secret' END)
     RETURNING * INTO s;
     IF s.max_backlog IS NOT NULL THEN
         PERFORM fastpubsub._note_backlog_limits(v_topic_key);
@@ -207,9 +213,12 @@ $$;
 
 -- Change a subscription: each key of p_changes present is set (null: the
 -- filter, message_ttl_seconds and max_backlog are removed, the others go back
--- to their defaults). A new filter applies to messages published afterwards; a
--- new retry policy to attempts that fail afterwards. Takes the topic's lock, so
--- that a publish sees the subscription wholly before or after the change.
+-- to their defaults). push null makes it a pull subscription again and forgets
+-- its secrets; a subscription that becomes a push subscription is signed with
+-- push_secret, one that was already keeps its secret. A new filter applies to
+-- messages published afterwards; a new retry policy to attempts that fail
+-- afterwards. Takes the topic's lock, so that a publish sees the subscription
+-- wholly before or after the change.
 CREATE OR REPLACE FUNCTION fastpubsub.update_subscription(p_id text, p_changes jsonb)
 RETURNS fastpubsub.subscriptions
 LANGUAGE plpgsql
@@ -217,11 +226,15 @@ AS $$
 DECLARE
     c jsonb := coalesce(p_changes, '{}'::jsonb);
     v_filter jsonb;
+    v_push jsonb;
     s fastpubsub.subscriptions;
 BEGIN
     PERFORM fastpubsub._check_options(c, fastpubsub._subscription_options());
     IF c ? 'filter' THEN
         v_filter := fastpubsub._validate_filter(nullif(c -> 'filter', 'null'::jsonb));
+    END IF;
+    IF c ? 'push' THEN
+        v_push := nullif(c -> 'push', 'null'::jsonb);
     END IF;
     s := fastpubsub._subscription(p_id);
     PERFORM fastpubsub._lock_topic(s.topic_key, true);
@@ -246,6 +259,13 @@ BEGIN
         max_backlog = CASE WHEN c ? 'max_backlog' THEN (c ->> 'max_backlog')::integer ELSE x.max_backlog END,
         backlog_policy = CASE WHEN c ? 'backlog_policy'
             THEN coalesce(c ->> 'backlog_policy', 'reject') ELSE x.backlog_policy END,
+        push = CASE WHEN c ? 'push' THEN v_push ELSE x.push END,
+        push_secret = CASE WHEN NOT c ? 'push' THEN x.push_secret
+                           WHEN v_push IS NOT NULL THEN coalesce(x.push_secret, c ->> 'push_secret') END,
+        push_previous_secret = CASE WHEN c ? 'push' AND v_push IS NULL THEN NULL
+                                    ELSE x.push_previous_secret END,
+        push_previous_secret_until = CASE WHEN c ? 'push' AND v_push IS NULL THEN NULL
+                                          ELSE x.push_previous_secret_until END,
         updated_at = now()
     WHERE x.key = s.key
     RETURNING * INTO s;
@@ -255,6 +275,36 @@ BEGIN
             PERFORM fastpubsub._recount_backlog(s);  -- it was not counted while there was no limit
         END IF;
     END IF;
+    RETURN s;
+END
+$$;
+
+-- A push subscription signs with p_secret from now on; its current secret
+-- keeps signing too (each request then carries both signatures) for
+-- p_grace_seconds, so receivers can move to the new one without losing a
+-- request. FP404 for an unknown subscription, FP422 for a pull subscription.
+CREATE OR REPLACE FUNCTION fastpubsub.rotate_push_secret(p_subscription_id text, p_secret text, p_grace_seconds integer)
+RETURNS fastpubsub.subscriptions
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    s fastpubsub.subscriptions := fastpubsub._subscription(p_subscription_id);
+BEGIN
+    IF s.push IS NULL THEN
+        RAISE EXCEPTION 'subscription "%" is not a push subscription', p_subscription_id USING ERRCODE = 'FP422';
+    END IF;
+    IF p_secret IS NULL OR p_grace_seconds IS NULL OR p_grace_seconds NOT BETWEEN 0 AND 604800 THEN
+        RAISE EXCEPTION 'a rotation needs a secret and a grace period of 0 to 604800 seconds'
+            USING ERRCODE = 'FP422';
+    END IF;
+    UPDATE fastpubsub.subscriptions
+    SET push_secret = p_secret,
+        push_previous_secret = CASE WHEN p_grace_seconds > 0 THEN push_secret END,
+        push_previous_secret_until = CASE WHEN p_grace_seconds > 0
+                                          THEN now() + make_interval(secs => p_grace_seconds) END,
+        updated_at = now()
+    WHERE key = s.key
+    RETURNING * INTO s;
     RETURN s;
 END
 $$;

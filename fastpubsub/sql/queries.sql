@@ -44,7 +44,9 @@ SELECT fastpubsub.delete_topic(:id)
 SELECT s.id, t.id AS topic_id, s.filter, s.max_delivery_attempts, s.backoff_min_seconds,
        s.backoff_max_seconds, s.ack_deadline_seconds, s.created_at, s.updated_at, s.retry_policy,
        s.retry_jitter, s.message_ttl_seconds, s.expiry_policy, s.max_backlog, s.backlog_policy,
-       s.backfill_next IS NOT NULL AS backfilling
+       s.backfill_next IS NOT NULL AS backfilling, s.push,
+       CASE WHEN s.push_secret = CAST(:options AS jsonb) ->> 'push_secret' THEN s.push_secret END AS new_push_secret,
+       s.push_previous_secret_until
 FROM fastpubsub.create_subscription(:id, :topic_id, CAST(:options AS jsonb), CAST(:start AS text)) AS s
 JOIN fastpubsub.topics AS t ON t.key = s.topic_key
 
@@ -52,7 +54,8 @@ JOIN fastpubsub.topics AS t ON t.key = s.topic_key
 SELECT s.id, t.id AS topic_id, s.filter, s.max_delivery_attempts, s.backoff_min_seconds,
        s.backoff_max_seconds, s.ack_deadline_seconds, s.created_at, s.updated_at, s.retry_policy,
        s.retry_jitter, s.message_ttl_seconds, s.expiry_policy, s.max_backlog, s.backlog_policy,
-       s.backfill_next IS NOT NULL AS backfilling
+       s.backfill_next IS NOT NULL AS backfilling, s.push, NULL AS new_push_secret,
+       s.push_previous_secret_until
 FROM fastpubsub.subscriptions AS s
 JOIN fastpubsub.topics AS t ON t.key = s.topic_key
 WHERE s.id = :id
@@ -61,7 +64,8 @@ WHERE s.id = :id
 SELECT s.id, t.id AS topic_id, s.filter, s.max_delivery_attempts, s.backoff_min_seconds,
        s.backoff_max_seconds, s.ack_deadline_seconds, s.created_at, s.updated_at, s.retry_policy,
        s.retry_jitter, s.message_ttl_seconds, s.expiry_policy, s.max_backlog, s.backlog_policy,
-       s.backfill_next IS NOT NULL AS backfilling
+       s.backfill_next IS NOT NULL AS backfilling, s.push, NULL AS new_push_secret,
+       s.push_previous_secret_until
 FROM fastpubsub.subscriptions AS s
 JOIN fastpubsub.topics AS t ON t.key = s.topic_key
 ORDER BY s.id OFFSET :offset LIMIT :limit
@@ -70,9 +74,32 @@ ORDER BY s.id OFFSET :offset LIMIT :limit
 SELECT s.id, t.id AS topic_id, s.filter, s.max_delivery_attempts, s.backoff_min_seconds,
        s.backoff_max_seconds, s.ack_deadline_seconds, s.created_at, s.updated_at, s.retry_policy,
        s.retry_jitter, s.message_ttl_seconds, s.expiry_policy, s.max_backlog, s.backlog_policy,
-       s.backfill_next IS NOT NULL AS backfilling
+       s.backfill_next IS NOT NULL AS backfilling, s.push,
+       CASE WHEN s.push_secret = CAST(:changes AS jsonb) ->> 'push_secret' THEN s.push_secret END AS new_push_secret,
+       s.push_previous_secret_until
 FROM fastpubsub.update_subscription(:id, CAST(:changes AS jsonb)) AS s
 JOIN fastpubsub.topics AS t ON t.key = s.topic_key
+
+-- rotate_push_secret --
+-- new_push_secret: the secret, shown once.
+SELECT s.id, t.id AS topic_id, s.filter, s.max_delivery_attempts, s.backoff_min_seconds,
+       s.backoff_max_seconds, s.ack_deadline_seconds, s.created_at, s.updated_at, s.retry_policy,
+       s.retry_jitter, s.message_ttl_seconds, s.expiry_policy, s.max_backlog, s.backlog_policy,
+       s.backfill_next IS NOT NULL AS backfilling, s.push,
+       CASE WHEN s.push_secret = :push_secret THEN s.push_secret END AS new_push_secret,
+       s.push_previous_secret_until
+FROM fastpubsub.rotate_push_secret(:id, :push_secret, :grace_seconds) AS s
+JOIN fastpubsub.topics AS t ON t.key = s.topic_key
+
+-- push_subscriptions --
+-- What `fastpubsub push-worker` delivers: every push subscription with its
+-- secrets (the previous one while its grace period lasts).
+SELECT s.id, t.id AS topic_id, s.push, s.ack_deadline_seconds, s.push_secret,
+       CASE WHEN s.push_previous_secret_until > now() THEN s.push_previous_secret END AS previous_secret
+FROM fastpubsub.subscriptions AS s
+JOIN fastpubsub.topics AS t ON t.key = s.topic_key
+WHERE s.push IS NOT NULL
+ORDER BY s.id
 
 -- backfill --
 SELECT added, done, busy FROM fastpubsub.backfill(:subscription_id, :batch_size)

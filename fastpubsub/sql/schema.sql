@@ -96,7 +96,19 @@ CREATE TABLE fastpubsub.subscriptions (
     backfill_next uuid,
     backfill_until uuid,
     backfill_since timestamptz,
-    CONSTRAINT subscriptions_backoff_order CHECK (backoff_max_seconds >= backoff_min_seconds)
+    -- A push subscription: {"endpoint": URL, "headers": {...}, "timeout_seconds": n,
+    -- "max_concurrency": n}, delivered by `fastpubsub push-worker` (NULL: pull only).
+    push jsonb,
+    -- The Standard Webhooks signing secret (whsec_...). HMAC needs the secret
+    -- itself, so it is stored as it is: the API shows it only when it is made.
+    -- After a rotation the previous one also signs until push_previous_secret_until.
+    push_secret text,
+    push_previous_secret text,
+    push_previous_secret_until timestamptz,
+    CONSTRAINT subscriptions_backoff_order CHECK (backoff_max_seconds >= backoff_min_seconds),
+    CONSTRAINT subscriptions_push_endpoint CHECK (
+        push IS NULL OR coalesce(jsonb_typeof(push) = 'object' AND jsonb_typeof(push -> 'endpoint') = 'string', false)),
+    CONSTRAINT subscriptions_push_secret CHECK ((push IS NULL) = (push_secret IS NULL))
 );
 CREATE INDEX subscriptions_topic_key_idx ON fastpubsub.subscriptions (topic_key);
 

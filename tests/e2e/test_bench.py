@@ -57,6 +57,51 @@ def test_publish_consume_and_end_to_end_over_http(server: Server) -> None:
     assert 0 < e2e["p50_ms"] <= e2e["p99_ms"] < 2000  # type: ignore[operator]
 
 
+def test_push_websocket_and_stream_drains_report_their_rates_and_check_themselves(
+    database_url: str, run_server: Callable[..., Server]
+) -> None:
+    env = base_env(database_url, push_allow_http="true", push_allowed_hosts="127.0.0.1")
+    server = run_server(env)
+    pushed = bench("push", "--url", server.url, "--database-url", database_url, "--messages", "2000")
+    assert pushed["workload"] == "push to a loopback receiver (1 push-workers)"
+    assert pushed["messages"] == 2000  # 2xx answers the receiver gave
+    assert pushed["msgs_per_s"] > 0  # type: ignore[operator]
+    # The subscription after the run: every message acked once, nothing left leased or waiting.
+    assert (pushed["acked"], pushed["available"], pushed["delivered"]) == (2000, 0, 0)
+    assert pushed["problems"] == []
+    for kind in ("websocket", "stream"):
+        drained = bench(kind, "--url", server.url, "--messages", "3000", "--ack-batch", "50")
+        assert drained["messages"] == drained["distinct"] == 3000, kind
+        assert drained["duplicates"] == 0, kind
+        assert (drained["acked"], drained["available"], drained["delivered"]) == (3000, 0, 0), kind
+        assert drained["problems"] == [], kind
+    assert drained["workload"] == "stream consume+ack (4 streams, acks in batches)"
+
+
+def test_bench_push_says_when_the_server_refuses_the_loopback_receiver(
+    server: Server, database_url: str
+) -> None:
+    result = subprocess.run(
+        [
+            FASTPUBSUB,
+            "bench",
+            "push",
+            "--url",
+            server.url,
+            "--database-url",
+            database_url,
+            "--messages",
+            "10",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "FASTPUBSUB_PUSH_ALLOW_HTTP=true FASTPUBSUB_PUSH_ALLOWED_HOSTS=127.0.0.1" in result.stderr
+
+
 def test_the_sql_ceiling_runs_the_same_work_without_http(database_url: str) -> None:
     subprocess.run([FASTPUBSUB, "db-migrate"], env=base_env(database_url), check=True, capture_output=True)
     result = subprocess.run(

@@ -72,6 +72,17 @@ def workloads() -> list[dict[str, Any]]:
     return [doc for doc in applied_documents() if doc["kind"] in ("Deployment", "Job", "CronJob")]
 
 
+def named(kind: str, name: str, documents: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The one document of this kind and name."""
+    found = [
+        doc
+        for doc in (applied_documents() if documents is None else documents)
+        if doc["kind"] == kind and doc["metadata"]["name"] == name
+    ]
+    assert len(found) == 1, (kind, name, len(found))
+    return found[0]
+
+
 def test_every_manifest_parses_and_is_listed_in_the_kustomization() -> None:
     kustomization = yaml.safe_load((ROOT / "deploy/kubernetes/kustomization.yaml").read_text())
     listed = set(kustomization["resources"])
@@ -111,9 +122,11 @@ def test_kubernetes_containers_run_real_commands_and_probe_real_endpoints() -> N
                         http = container[probe]["httpGet"]
                         assert http["path"] in paths
                         assert http["port"] in ports or http["port"] in ports.values()
-    (deployment,) = kinds["Deployment"]
+    deployment = named("Deployment", "fastpubsub", kinds["Deployment"])
     (server,) = containers(deployment)
     assert server["args"] == ["server"]
+    (push_worker,) = containers(named("Deployment", "fastpubsub-push-worker", kinds["Deployment"]))
+    assert push_worker["args"] == ["push-worker"]
     assert server["livenessProbe"]["httpGet"]["path"] == "/liveness"
     assert server["readinessProbe"]["httpGet"]["path"] == "/readiness"
     # /readiness answers 503 until the database can serve: a startup probe on it
@@ -165,7 +178,7 @@ RESTRICTED_VOLUMES = {
 def test_every_workload_meets_the_restricted_pod_security_standard() -> None:
     """The fields of the "restricted" profile, plus a read-only root and resource limits."""
     kinds = sorted(doc["kind"] for doc in workloads())
-    assert kinds == ["CronJob", "CronJob", "CronJob", "Deployment", "Job"]
+    assert kinds == ["CronJob", "CronJob", "CronJob", "Deployment", "Deployment", "Job"]
     for document in workloads():
         name = document["metadata"]["name"]
         spec = pod_spec(document)
@@ -237,10 +250,10 @@ def test_jobs_clean_up_after_themselves_and_cannot_hang() -> None:
 
 def test_the_server_keeps_one_pod_through_disruptions_and_its_network_is_fenced() -> None:
     documents = applied_documents()
-    (deployment,) = [doc for doc in documents if doc["kind"] == "Deployment"]
+    deployment = named("Deployment", "fastpubsub", documents)
     (budget,) = [doc for doc in documents if doc["kind"] == "PodDisruptionBudget"]
     (service,) = [doc for doc in documents if doc["kind"] == "Service"]
-    (policy,) = [doc for doc in documents if doc["kind"] == "NetworkPolicy"]
+    policy = named("NetworkPolicy", "fastpubsub", documents)
     labels = pod_labels(deployment)
     assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert budget["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
@@ -248,7 +261,8 @@ def test_the_server_keeps_one_pod_through_disruptions_and_its_network_is_fenced(
     # The budget and the Service select the server's pods and no Job's.
     for document in workloads():
         selected = budget["spec"]["selector"]["matchLabels"].items() <= pod_labels(document).items()
-        assert selected is (document["kind"] == "Deployment"), document["metadata"]["name"]
+        is_server = (document["kind"], document["metadata"]["name"]) == ("Deployment", "fastpubsub")
+        assert selected is is_server, document["metadata"]["name"]
         assert (service["spec"]["selector"].items() <= pod_labels(document).items()) is selected
         # The NetworkPolicy covers every fastpubsub pod.
         assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels(document).items()
@@ -260,6 +274,32 @@ def test_the_server_keeps_one_pod_through_disruptions_and_its_network_is_fenced(
     egress = {(p["protocol"], p["port"]) for rule in policy["spec"]["egress"] for p in rule["ports"]}
     assert egress == {("UDP", 53), ("TCP", 53), ("TCP", 5432)}
     assert "to adjust" in (ROOT / "deploy/kubernetes/networkpolicy.yaml").read_text().lower()
+
+
+def test_the_push_worker_runs_apart_from_the_server_and_may_reach_https() -> None:
+    documents = applied_documents()
+    worker = named("Deployment", "fastpubsub-push-worker", documents)
+    (container,) = containers(worker)
+    assert container["args"] == ["push-worker"]
+    assert worker["spec"]["replicas"] >= 2  # safe side by side: each lease is one worker's
+    # Its own name label: the server's Service and PodDisruptionBudget leave it alone.
+    assert pod_labels(worker)["app.kubernetes.io/name"] == "fastpubsub-push-worker"
+    assert pod_labels(worker)["app.kubernetes.io/part-of"] == "fastpubsub"
+    # Graceful stop (--shutdown-grace, 5 s by default) fits in the pod's grace period.
+    assert pod_spec(worker)["terminationGracePeriodSeconds"] > 5
+    (port,) = container["ports"]
+    assert {"name": "FASTPUBSUB_PUSH_METRICS_HOST", "value": "0.0.0.0"} in container["env"]
+    assert port["containerPort"] == Settings.model_fields["push_metrics_port"].default
+    assert container["livenessProbe"]["httpGet"]["port"] == port["name"]
+    policy = named("NetworkPolicy", "fastpubsub-push-worker", documents)
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels(worker).items()
+    assert policy["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": port["containerPort"]}]}]
+    egress = {(p["protocol"], p["port"]) for rule in policy["spec"]["egress"] for p in rule["ports"]}
+    assert egress == {("TCP", 443)}
+    # No other pod may reach the endpoints.
+    for document in workloads():
+        if document["metadata"]["name"] != worker["metadata"]["name"]:
+            assert not policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels(document).items()
 
 
 # The oldest Kubernetes the manifests are written for (README): the
@@ -298,7 +338,7 @@ def test_manifests_match_the_kubernetes_api_schemas() -> None:
     ]
     assert failures == []
     # The check has teeth: a misspelt field is refused.
-    (deployment,) = [doc for doc in applied_documents() if doc["kind"] == "Deployment"]
+    deployment = named("Deployment", "fastpubsub")
     context = containers(deployment)[0]["securityContext"]
     context["readOnlyRootFilesytem"] = context.pop("readOnlyRootFilesystem")
     assert "readOnlyRootFilesytem" in (schema_errors(deployment, latest_version()) or "")
@@ -393,7 +433,9 @@ def test_checkov_finds_nothing_in_the_kubernetes_manifests() -> None:
 def test_compose_services_run_real_commands() -> None:
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = compose["services"]
-    assert set(services) == {"postgres", "migrate", "server", "cleanup"}
+    assert set(services) == {"postgres", "migrate", "server", "cleanup", "push-worker"}
+    assert services["push-worker"]["command"] == ["push-worker"]
+    assert services["push-worker"]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
     commands = cli_commands()
     assert services["migrate"]["command"] == ["db-migrate"]
     assert services["server"]["command"] == ["server"]

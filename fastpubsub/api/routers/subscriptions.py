@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 from typing import Annotated
 
@@ -16,6 +17,9 @@ from fastpubsub.api.schemas import (
     MetricsOut,
     Page,
     PeekedMessageOut,
+    PushConfig,
+    PushOut,
+    PushSecretRotation,
     SeekRequest,
     SeekResult,
     SubscriptionCreate,
@@ -23,6 +27,9 @@ from fastpubsub.api.schemas import (
     SubscriptionUpdate,
 )
 from fastpubsub.models import Subscription
+from fastpubsub.push.endpoints import EndpointPolicy
+from fastpubsub.push.signing import new_secret
+from fastpubsub.settings import Settings
 
 router = APIRouter(prefix="/subscriptions", tags=["subscriptions"])
 
@@ -45,7 +52,22 @@ def _out(s: Subscription) -> SubscriptionOut:
         max_backlog=s.max_backlog,
         backlog_policy=s.backlog_policy,  # type: ignore[arg-type]
         backfilling=s.backfilling,
+        push=None
+        if s.push is None
+        else PushOut(
+            **s.push, secret=s.new_push_secret, previous_secret_valid_until=s.push_previous_secret_until
+        ),
     )
+
+
+async def _checked_push(push: PushConfig | None, settings: Settings) -> dict[str, object] | None:
+    """The push configuration to store, its endpoint checked (422 when it may not be reached)."""
+    if push is None:
+        return None
+    await EndpointPolicy.from_settings(settings.push_allow_http, settings.push_allowed_hosts).check(
+        push.endpoint
+    )
+    return push.model_dump()
 
 
 @router.post(
@@ -58,7 +80,10 @@ def _out(s: Subscription) -> SubscriptionOut:
     "time, the topic's retained messages are added after the subscription is created, oldest first, in "
     "batches of their own transactions: the request adds them for up to a second, the server the rest "
     "(`backfilling` is true until then). Meanwhile new messages arrive as usual, so some may be delivered "
-    "before older retained ones.",
+    "before older retained ones. With `push`, "
+    "`fastpubsub push-worker` POSTs its messages to the endpoint, signed per Standard Webhooks with "
+    "the secret in `push.secret` (shown in this answer only); an endpoint that is not https or not a "
+    "public address is refused with 422 before anything is sent to it.",
     responses=error_responses(401, 403, 404, 409, 422),
 )
 async def create_subscription(
@@ -70,6 +95,7 @@ async def create_subscription(
 ) -> SubscriptionOut:
     principal.require("subscriptions:create", body.id)
     principal.require("topics:subscribe", body.topic_id)
+    push = await _checked_push(body.push, settings)
     subscription = await database.create_subscription(
         body.id,
         body.topic_id,
@@ -93,9 +119,14 @@ async def create_subscription(
         max_backlog=body.max_backlog,
         backlog_policy=body.backlog_policy,
         start=body.start.isoformat() if isinstance(body.start, datetime) else body.start,
+        push=push,
+        push_secret=new_secret() if push is not None else None,
     )
     if subscription.backfilling and await backfills.begin(subscription.id):
-        subscription = await database.get_subscription(subscription.id)
+        # Read again for `backfilling`; the signing secret is only in the answer that made it.
+        subscription = replace(
+            await database.get_subscription(subscription.id), new_push_secret=subscription.new_push_secret
+        )
     return _out(subscription)
 
 
@@ -132,16 +163,28 @@ async def delete_subscription(
 @router.patch(
     "/{subscription_id}",
     summary="Change a subscription's filter or delivery policy",
-    description="Send only the fields to change; `null` removes the filter, the message TTL or the backlog "
-    "limit. A new filter applies to messages published afterwards, a new retry policy to attempts that fail "
-    "afterwards. Needs `subscriptions:update` (`subscriptions:create` no longer allows it).",
+    description="Send only the fields to change; `null` removes the filter, the message TTL, the backlog "
+    "limit or the push configuration. A new filter applies to messages published afterwards, a new retry "
+    "policy to attempts that fail afterwards. `push` replaces the whole push configuration (a "
+    "subscription that becomes a push one gets a signing secret, shown in this answer only; one that "
+    'was already keeps its secret); `"push": null` makes it a pull subscription again. Needs '
+    "`subscriptions:update` (`subscriptions:create` no longer allows it).",
     responses=error_responses(401, 403, 404, 422),
 )
 async def update_subscription(
-    subscription_id: SubscriptionId, body: SubscriptionUpdate, database: DatabaseDep, principal: PrincipalDep
+    subscription_id: SubscriptionId,
+    body: SubscriptionUpdate,
+    database: DatabaseDep,
+    principal: PrincipalDep,
+    settings: SettingsDep,
 ) -> SubscriptionOut:
     principal.require("subscriptions:update", subscription_id)
     changes = body.changes()
+    if "push" in changes:
+        push = await _checked_push(body.push, settings)
+        changes["push"] = push
+        if push is not None:
+            changes["push_secret"] = new_secret()
     if not changes:
         return _out(await database.get_subscription(subscription_id))
     return _out(await database.update_subscription(subscription_id, changes))
@@ -179,6 +222,25 @@ async def peek_messages(
             for m in messages
         ]
     )
+
+
+@router.post(
+    "/{subscription_id}/push/secret",
+    summary="Rotate a push subscription's signing secret",
+    description="A new secret signs every request from now on (it is in `push.secret` of this answer, "
+    "and shown nowhere else); the current one keeps signing too for `grace_seconds` (default a day), "
+    "each request then carrying both signatures, so that receivers can switch without refusing one. "
+    "422 for a pull subscription.",
+    responses=error_responses(401, 403, 404, 422),
+)
+async def rotate_push_secret(
+    subscription_id: SubscriptionId,
+    body: PushSecretRotation,
+    database: DatabaseDep,
+    principal: PrincipalDep,
+) -> SubscriptionOut:
+    principal.require("subscriptions:update", subscription_id)
+    return _out(await database.rotate_push_secret(subscription_id, new_secret(), body.grace_seconds))
 
 
 @router.post(

@@ -1,0 +1,132 @@
+"""Where push requests may go: https endpoints on public addresses, unless the operator says otherwise.
+
+An endpoint is checked when a subscription is created or changed (the API
+answers 422) and again each time the push-worker opens a connection: the name
+is resolved then, the address checked, and the connection made to that very
+address (TLS still verifies the name), so a name that resolved to a public
+address at creation and to a private one later (DNS rebinding) gets nowhere.
+
+Refused: anything that is not a global unicast address, that is loopback,
+private (10/8, 172.16/12, 192.168/16, fc00::/7), link-local (169.254/16 with
+the cloud metadata address 169.254.169.254, fe80::/10), shared (100.64/10),
+multicast, reserved or unspecified, IPv4 inside IPv6 included.
+FASTPUBSUB_PUSH_ALLOWED_HOSTS names exceptions: host names (any address they
+resolve to is then accepted), addresses and CIDRs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from collections.abc import Iterable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from fastpubsub.exceptions import InvalidInputError
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+RESOLVE_TIMEOUT_SECONDS = 5.0
+
+
+class EndpointRefusedError(InvalidInputError):
+    """The push endpoint is not allowed: not https, or not a public address."""
+
+
+def is_public(address: IPAddress) -> bool:
+    """Whether `address` is a global unicast address (IPv4 mapped into IPv6 judged as IPv4)."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_global and not address.is_multicast
+
+
+@dataclass(frozen=True)
+class EndpointPolicy:
+    """The schemes and addresses push endpoints may use."""
+
+    allow_http: bool = False
+    allowed_names: frozenset[str] = frozenset()
+    allowed_networks: tuple[IPNetwork, ...] = ()
+
+    @classmethod
+    def from_settings(cls, allow_http: bool, allowed_hosts: str) -> EndpointPolicy:
+        """From FASTPUBSUB_PUSH_ALLOW_HTTP and FASTPUBSUB_PUSH_ALLOWED_HOSTS (comma-separated)."""
+        names: set[str] = set()
+        networks: list[IPNetwork] = []
+        for entry in (part.strip() for part in allowed_hosts.split(",")):
+            if not entry:
+                continue
+            try:
+                networks.append(ipaddress.ip_network(entry.strip("[]"), strict=False))
+            except ValueError:
+                names.add(_name(entry))
+        return cls(allow_http, frozenset(names), tuple(networks))
+
+    def address_allowed(self, address: IPAddress) -> bool:
+        return is_public(address) or any(address in network for network in self.allowed_networks)
+
+    def target(self, url: str) -> tuple[str, int]:
+        """The host and port of an endpoint URL, checked for everything but its addresses."""
+        parts = urlsplit(url)
+        schemes = ("https", "http") if self.allow_http else ("https",)
+        if parts.scheme.lower() not in schemes:
+            raise EndpointRefusedError(
+                "push endpoints must be https:// URLs (http:// only with FASTPUBSUB_PUSH_ALLOW_HTTP=true)"
+            )
+        try:
+            host, port = parts.hostname, parts.port
+        except ValueError as exc:
+            raise EndpointRefusedError(f"the push endpoint is not a valid URL: {exc}") from None
+        if not host:
+            raise EndpointRefusedError("the push endpoint names no host")
+        if parts.username is not None or parts.password is not None:
+            raise EndpointRefusedError("the push endpoint may not carry credentials: put them in headers")
+        return host, port or (443 if parts.scheme.lower() == "https" else 80)
+
+    async def check(self, url: str) -> None:
+        """Refuse an endpoint (EndpointRefusedError: 422) unless every address it names is allowed."""
+        host, port = self.target(url)
+        await self.addresses(host, port)
+
+    async def addresses(self, host: str, port: int) -> list[IPAddress]:
+        """The addresses `host` may be reached at (resolved now); EndpointRefusedError if one is refused.
+
+        A name in the allowed list may resolve to anything; an address literal
+        is not resolved. One refused address refuses the host: a client cannot
+        choose which of the answers it gets.
+        """
+        try:
+            literal: IPAddress | None = ipaddress.ip_address(host.strip("[]"))
+        except ValueError:
+            literal = None
+        found = [literal] if literal is not None else await _resolve(host, port)
+        if literal is None and _name(host) in self.allowed_names:
+            return found
+        for address in found:
+            if not self.address_allowed(address):
+                raise EndpointRefusedError(
+                    f"push endpoint host {host} is (or resolves to) {address}, which is not a public "
+                    "address (loopback, private, link-local, metadata or reserved); "
+                    "FASTPUBSUB_PUSH_ALLOWED_HOSTS may name it"
+                )
+        return found
+
+
+def _name(host: str) -> str:
+    return host.strip().lower().rstrip(".")
+
+
+async def _resolve(host: str, port: int) -> list[IPAddress]:
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(RESOLVE_TIMEOUT_SECONDS):
+            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, TimeoutError) as exc:
+        raise EndpointRefusedError(f"push endpoint host {host} does not resolve: {exc}") from None
+    return _unique(ipaddress.ip_address(info[4][0]) for info in infos)
+
+
+def _unique(addresses: Iterable[IPAddress]) -> list[IPAddress]:
+    return list(dict.fromkeys(addresses))

@@ -1,0 +1,452 @@
+"""The push-worker: leases the messages of push subscriptions and POSTs them to their endpoints.
+
+It uses the broker's own semantics and adds no retry logic of its own. Each
+push subscription gets a lease stream (Delivery.lease_batches, the one behind
+SSE and WebSockets), woken by the same notifications as long-polls; every
+leased message is sent at once, and settled by its lease receipt: a 2xx answer
+acks it, anything else (another status, a redirect, a timeout, a refused or
+failed connection, an endpoint that resolves to an address it may not reach)
+nacks it, so the subscription's backoff, max_delivery_attempts and DLQ apply,
+and reprocessing a dead letter pushes it again.
+
+Backpressure: a subscription's stream never holds more leases than its
+`max_concurrency`, nor the worker more than FASTPUBSUB_PUSH_WORKER_CONCURRENCY
+in all; a lease is taken only when a request can go out for it at once. Many
+workers may run against one database: each lease is one worker's.
+
+A request is signed per Standard Webhooks (signing.py) and carries a
+CloudEvents-style JSON body (`render`). Connections are HTTP/1.1, kept alive
+per endpoint (scheme, host, port), made only to addresses the endpoint policy
+allows, checked at every connect (endpoints.py); redirects are not followed
+and at most MAX_RESPONSE_BYTES of an answer are read.
+
+Stopping (SIGTERM): no new lease; requests in flight get `shutdown_grace`
+seconds to finish and be settled; the leases of those still running then are
+ended at once (extend to 0 seconds, by receipt), so their messages are
+deliverable again without waiting for the ack deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import socket
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpcore
+import httpx
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from fastpubsub import __version__, jsoncodec
+from fastpubsub.api.delivery import Delivery, Window, wait_for
+from fastpubsub.api.wakeups import WakeHub
+from fastpubsub.db import Database
+from fastpubsub.exceptions import FastPubSubError, NotFoundError
+from fastpubsub.logs import one_line
+from fastpubsub.models import PushSubscription
+from fastpubsub.push import signing
+from fastpubsub.push.endpoints import EndpointPolicy, EndpointRefusedError
+from fastpubsub.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# An answer's body is read up to this many bytes (and then the connection is dropped).
+MAX_RESPONSE_BYTES = 4096
+USER_AGENT = f"fastpubsub-push/{__version__}"
+# Failure reasons, as the metrics label them.
+REASONS = ("http_3xx", "http_4xx", "http_5xx", "http_other", "timeout", "connect", "refused_address", "error")
+
+
+def render(subscription: PushSubscription, message: dict[str, Any]) -> bytes:
+    """The request body: a CloudEvents-style envelope around the payload (README, Push subscriptions)."""
+    return jsoncodec.dumps(
+        {
+            "specversion": "1.0",
+            "type": "fastpubsub.message",
+            "source": f"/topics/{subscription.topic_id}",
+            "id": message["id"],
+            "time": message["created_at"],
+            "datacontenttype": "application/json",
+            "subscription": subscription.id,
+            "deliveryattempt": message["delivery_attempts"],
+            "priority": message["priority"],
+            "attributes": message["attributes"] or {},
+            "data": message["payload"],
+        }
+    )
+
+
+class PushMetrics:
+    """The worker's Prometheus metrics, labelled only with subscriptions it delivers now."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        labels = ["subscription"]
+        self.attempts = Counter(
+            "fastpubsub_push_attempts_total", "Push requests sent", labels, registry=registry
+        )
+        self.successes = Counter(
+            "fastpubsub_push_successes_total", "Push requests answered 2xx (acked)", labels, registry=registry
+        )
+        self.failures = Counter(
+            "fastpubsub_push_failures_total",
+            "Push requests that failed (nacked), by reason",
+            [*labels, "reason"],
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "fastpubsub_push_latency_seconds",
+            "From sending a push request to its answer (or failure)",
+            labels,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            "fastpubsub_push_in_flight", "Push requests waiting for an answer", labels, registry=registry
+        )
+
+    def forget(self, subscription_id: str) -> None:
+        """A subscription is no longer pushed (deleted, or pull again): its series go."""
+        for metric in (self.attempts, self.successes, self.latency, self.in_flight):
+            with contextlib.suppress(KeyError):
+                metric.remove(subscription_id)
+        for reason in REASONS:
+            with contextlib.suppress(KeyError):
+                self.failures.remove(subscription_id, reason)
+
+
+class Budget:
+    """Requests the worker may have in flight over all subscriptions; windows wait for it."""
+
+    def __init__(self, size: int) -> None:
+        self.free = size
+        self.windows: set[Window] = set()
+
+    def take(self) -> None:
+        self.free -= 1
+
+    def give(self) -> None:
+        self.free += 1
+        for window in self.windows:
+            window.wake()
+
+
+class PushWindow(Window):
+    """A subscription's lease window: its max_concurrency, within what the worker has left."""
+
+    def __init__(self, limit: int, budget: Budget) -> None:
+        super().__init__(limit)
+        self.budget = budget
+
+    def room(self) -> int:
+        return min(super().room(), self.budget.free)
+
+
+class _GuardedBackend(httpcore.AsyncNetworkBackend):
+    """Opens connections only to addresses the endpoint policy allows, resolving names itself."""
+
+    def __init__(self, policy: EndpointPolicy) -> None:
+        self.policy = policy
+        self.inner = httpcore.AnyIOBackend()
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        failure: Exception | None = None
+        # The checked address is the one connected to: the name is not resolved again.
+        for address in await self.policy.addresses(host, port):
+            try:
+                return await self.inner.connect_tcp(
+                    str(address), port, timeout, local_address, socket_options
+                )
+            except httpcore.ConnectError as exc:
+                failure = exc
+        raise failure or httpcore.ConnectError(f"{host} has no address")
+
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        raise httpcore.ConnectError("push requests never go to Unix sockets")
+
+    async def sleep(self, seconds: float) -> None:
+        await self.inner.sleep(seconds)
+
+
+class _GuardedTransport(httpx.AsyncHTTPTransport):
+    """httpx's transport over a connection pool that connects through _GuardedBackend."""
+
+    def __init__(self, policy: EndpointPolicy, limits: httpx.Limits) -> None:
+        super().__init__(http1=True, http2=False, trust_env=False, limits=limits)
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=httpx.create_ssl_context(trust_env=False),
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry,
+            http1=True,
+            http2=False,
+            network_backend=_GuardedBackend(policy),
+        )
+
+
+@dataclass(eq=False)
+class _Line:
+    """One push subscription being delivered: its configuration, lease window and requests in flight."""
+
+    subscription: PushSubscription
+    window: PushWindow
+    task: asyncio.Task[None] | None = None
+    sending: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # by lease receipt
+
+
+def _origin(endpoint: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(endpoint)
+    return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port
+
+
+class PushWorker:
+    """Delivers every push subscription of one database until stopped (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        shutdown_grace: float = 5.0,
+        registry: CollectorRegistry | None = None,
+        consumer_id: str | None = None,
+    ) -> None:
+        self.settings = settings
+        self.shutdown_grace = shutdown_grace
+        self.database = Database(
+            settings.database_url or "",
+            pool_size=settings.database_pool_size,
+            max_overflow=settings.database_max_overflow,
+            statement_timeout_ms=settings.database_statement_timeout_ms,
+            application_name="fastpubsub-push",
+            notify=False,  # wake-ups go through the hub, as in the server
+        )
+        self.hub = WakeHub(self.database, notify_interval=settings.notify_interval_ms / 1000)
+        self.delivery = Delivery(
+            self.database,
+            self.hub,
+            max_message_bytes=settings.max_message_bytes,
+            batches_in_flight=settings.group_commit_in_flight,
+            max_batch=settings.group_commit_max_batch,
+            stream_outage_seconds=math.inf,  # a worker waits out any outage
+        )
+        self.policy = EndpointPolicy.from_settings(settings.push_allow_http, settings.push_allowed_hosts)
+        self.budget = Budget(settings.push_worker_concurrency)
+        self.consumer_id = consumer_id or f"push-{socket.gethostname()[:100]}-{os.getpid()}"
+        self.metrics = PushMetrics(registry or CollectorRegistry())
+        self.lines: dict[str, _Line] = {}
+        self._clients: dict[tuple[str, str, int | None], httpx.AsyncClient] = {}
+        self._stopping = asyncio.Event()
+        self.ready = asyncio.Event()  # set once the subscriptions were read the first time
+
+    def stop(self) -> None:
+        """Begin stopping (what SIGTERM does): run() returns once the worker has let go of everything."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Deliver until stop(); then end gracefully (see the module docstring)."""
+        await self.hub.start()
+        try:
+            while not self._stopping.is_set():
+                try:
+                    await self.refresh()
+                    self.ready.set()
+                except FastPubSubError as exc:
+                    log.warning("could not read the push subscriptions: %s", one_line(exc))
+                await wait_for(self._stopping, self.settings.push_refresh_seconds)
+        finally:
+            await self._shut_down()
+
+    async def refresh(self) -> None:
+        """Read the push subscriptions: start new ones, apply changes, stop those that went."""
+        current = {subscription.id: subscription for subscription in await self.database.push_subscriptions()}
+        for subscription_id in [s for s in self.lines if s not in current]:
+            self._end_line(subscription_id)
+        for subscription in current.values():
+            line = self.lines.get(subscription.id)
+            if line is None:
+                self._start_line(subscription)
+            else:
+                line.subscription = subscription
+                line.window.limit = int(subscription.push["max_concurrency"])
+                line.window.wake()
+        used = {_origin(line.subscription.push["endpoint"]) for line in self.lines.values()}
+        for origin in [o for o in self._clients if o not in used]:
+            await self._clients.pop(origin).aclose()
+
+    # -- lines ---------------------------------------------------------------------------------------
+
+    def _start_line(self, subscription: PushSubscription) -> None:
+        window = PushWindow(int(subscription.push["max_concurrency"]), self.budget)
+        line = _Line(subscription, window)
+        self.budget.windows.add(window)
+        line.task = asyncio.create_task(self._lease(line), name=f"fastpubsub-push-{subscription.id}")
+        self.lines[subscription.id] = line
+        log.info("pushing %s to %s", subscription.id, subscription.push["endpoint"])
+
+    def _end_line(self, subscription_id: str) -> None:
+        line = self.lines.pop(subscription_id)
+        self.budget.windows.discard(line.window)
+        if line.task is not None:
+            line.task.cancel()
+        # Requests in flight finish and settle (or their leases run out).
+        self.metrics.forget(subscription_id)
+        log.info("no longer pushing %s", subscription_id)
+
+    async def _lease(self, line: _Line) -> None:
+        """Lease what the window has room for, and send each message as it comes."""
+        subscription_id = line.subscription.id
+        while not self.hub.stopping.is_set():
+            try:
+                async for events in self.delivery.lease_batches(
+                    subscription_id, self.consumer_id, line.window, line.subscription.ack_deadline_seconds
+                ):
+                    for _, data in events:
+                        self._send(line, jsoncodec.loads(data))
+                return  # the worker is stopping
+            except NotFoundError:
+                return  # deleted: the next refresh forgets it
+            except FastPubSubError as exc:
+                log.warning("pushing %s paused: %s", subscription_id, one_line(exc))
+                await wait_for(self.hub.stopping, 1.0)
+
+    def _send(self, line: _Line, message: dict[str, Any]) -> None:
+        receipt: str = message["receipt"]
+        self.budget.take()
+        task = asyncio.create_task(self._push(line, message), name="fastpubsub-push-request")
+        line.sending[receipt] = task
+
+        def done(_: asyncio.Task[None]) -> None:
+            line.sending.pop(receipt, None)
+            self.budget.give()
+
+        task.add_done_callback(done)
+
+    async def _push(self, line: _Line, message: dict[str, Any]) -> None:
+        """One request; its answer acks or nacks the message, by receipt."""
+        subscription = line.subscription
+        push = subscription.push
+        body = render(subscription, message)
+        secrets = [subscription.secret, *filter(None, [subscription.previous_secret])]
+        headers = {
+            **push.get("headers", {}),
+            "content-type": "application/json",
+            "user-agent": USER_AGENT,
+            **signing.headers(secrets, str(message["id"]), int(time.time()), body),
+        }
+        # A lease must not run out while its request is in flight (it would be delivered twice).
+        timeout = min(float(push["timeout_seconds"]), max(subscription.ack_deadline_seconds - 1.0, 1.0))
+        metrics, sid = self.metrics, subscription.id
+        metrics.attempts.labels(sid).inc()
+        metrics.in_flight.labels(sid).inc()
+        started = time.perf_counter()
+        try:
+            failure = await self._post(push["endpoint"], body, headers, timeout)
+        finally:
+            metrics.in_flight.labels(sid).dec()
+            metrics.latency.labels(sid).observe(time.perf_counter() - started)
+        if failure is None:
+            metrics.successes.labels(sid).inc()
+        else:
+            metrics.failures.labels(sid, failure).inc()
+            log.debug("push of %s to %s failed: %s", message["id"], sid, failure)
+        try:
+            await self.delivery.settle(sid, "nack" if failure else "ack", receipts=[message["receipt"]])
+        except FastPubSubError as exc:
+            log.warning(
+                "could not settle message %s of %s (%s): it is pushed again when its lease runs out",
+                message["id"],
+                sid,
+                one_line(exc),
+            )
+
+    async def _post(self, endpoint: str, body: bytes, headers: dict[str, str], seconds: float) -> str | None:
+        """POST, answered within `seconds`; None when answered 2xx, else the failure's reason (REASONS)."""
+        client = self._client(endpoint)
+        try:
+            async with asyncio.timeout(seconds):
+                request = client.build_request("POST", endpoint, content=body, headers=headers)
+                response = await client.send(request, stream=True)
+                try:
+                    read = 0
+                    async for chunk in response.aiter_raw():
+                        read += len(chunk)
+                        if read >= MAX_RESPONSE_BYTES:
+                            break  # the rest is not wanted: the connection is dropped
+                finally:
+                    await response.aclose()
+        except (TimeoutError, httpx.TimeoutException):
+            return "timeout"
+        except EndpointRefusedError as exc:
+            log.warning("push endpoint refused: %s", exc)
+            return "refused_address"
+        except httpx.ConnectError:
+            return "connect"
+        except httpx.HTTPError:
+            return "error"
+        status = response.status_code
+        if 200 <= status < 300:
+            return None
+        return {3: "http_3xx", 4: "http_4xx", 5: "http_5xx"}.get(status // 100, "http_other")
+
+    def _client(self, endpoint: str) -> httpx.AsyncClient:
+        origin = _origin(endpoint)
+        client = self._clients.get(origin)
+        if client is None:
+            limits = httpx.Limits(
+                max_connections=self.settings.push_worker_concurrency,
+                max_keepalive_connections=min(self.settings.push_worker_concurrency, 100),
+                keepalive_expiry=30,
+            )
+            client = self._clients[origin] = httpx.AsyncClient(
+                transport=_GuardedTransport(self.policy, limits),
+                follow_redirects=False,
+                trust_env=False,
+                timeout=None,  # noqa: S113 - asyncio.timeout bounds the whole request (_post)
+            )
+        return client
+
+    # -- stopping -------------------------------------------------------------------------------------
+
+    async def _shut_down(self) -> None:
+        self.hub.begin_stopping()  # no new leases
+        lines = list(self.lines.values())
+        await asyncio.gather(*(line.task for line in lines if line.task is not None), return_exceptions=True)
+        running = [task for line in lines for task in line.sending.values()]
+        if running:
+            await asyncio.wait(running, timeout=self.shutdown_grace)
+        unfinished = {line.subscription.id: list(line.sending) for line in lines if line.sending}
+        for line in lines:
+            for task in line.sending.values():
+                task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        for subscription_id, receipts in unfinished.items():
+            try:
+                await self.delivery.settle(subscription_id, "extend", receipts=receipts, seconds=0)
+                log.info("gave back %d messages of %s", len(receipts), subscription_id)
+            except FastPubSubError as exc:
+                log.warning("could not give back messages of %s: %s", subscription_id, one_line(exc))
+        await self.delivery.settlements.drain()
+        for client in self._clients.values():
+            await client.aclose()
+        self._clients.clear()
+        await self.hub.stop()
+        await self.database.close()

@@ -1,0 +1,128 @@
+"""The Subscriber's WebSocket transport against the real server: messages and settlements on one socket."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections import Counter
+from uuid import UUID
+
+import httpx
+import pytest
+
+from fastpubsub.client import Client, MessageOut, NotFoundError, PermissionDeniedError, Subscriber
+from tests.client.test_auth import new_client, secured  # noqa: F401 - secured is a fixture
+from tests.client.test_subscriber import Concurrency, publish, settled_everything, wait_until
+from tests.e2e.conftest import Server
+
+
+def http_calls(server: Server, path: str) -> int:
+    """Requests the server's workers answered on `path` (from /metrics)."""
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    pattern = rf'^http_requests_total\{{[^}}]*handler="{re.escape(path)}"[^}}]*\}} ([0-9.e+]+)$'
+    return int(sum(float(value) for value in re.findall(pattern, text, re.M)))
+
+
+def test_every_message_is_handled_once_and_settled_in_band(server: Server) -> None:
+    with Client(server.url) as client:
+        client.create_topic("t")
+        client.create_subscription("s", "t")
+        ids = publish(client, "t", 3000)
+        seen: Counter[UUID] = Counter()
+        running = Concurrency()
+
+        def handle(message: MessageOut) -> None:
+            with running:
+                time.sleep(0.0005)
+                seen[message.id] += 1
+
+        with Subscriber(client) as subscriber:
+            consumer = subscriber.subscribe(
+                "s", handle, concurrency=4, max_messages=200, transport="websocket"
+            )
+            wait_until(lambda: consumer.stats.acked == 3000, 120, "every ack")
+        assert seen == Counter(ids)
+        assert running.most == 4
+        assert settled_everything(client, "s", 3000)
+    # Acks went on the socket, not to the HTTP endpoints.
+    assert http_calls(server, "/subscriptions/{subscription_id}/acks") == 0
+
+
+def test_flow_control_and_leases_kept_over_the_socket(server: Server) -> None:
+    with Client(server.url) as client:
+        client.create_topic("t")
+        client.create_subscription("s", "t", ack_deadline_seconds=1)
+        publish(client, "t", 12)
+        release = threading.Event()
+        attempts: Counter[UUID] = Counter()
+
+        def handle(message: MessageOut) -> None:
+            attempts[message.id] += 1
+            release.wait(30)
+
+        with Subscriber(client) as subscriber:
+            consumer = subscriber.subscribe(
+                "s", handle, max_messages=4, concurrency=10, transport="websocket"
+            )
+            wait_until(lambda: consumer.held == 4, 10, "4 messages held")
+            time.sleep(3)  # three ack deadlines: the leases are extended in-band
+            assert consumer.held == 4
+            assert consumer.stats.received == 4
+            assert client.metrics("s").delivered == 4  # the server sent no more than granted
+            assert consumer.stats.extended >= 4
+            release.set()
+            wait_until(lambda: consumer.stats.acked == 12, 30, "every ack")
+        assert set(attempts.values()) == {1}  # nothing ran out and came back
+        assert settled_everything(client, "s", 12)
+    assert http_calls(server, "/subscriptions/{subscription_id}/leases") == 0
+
+
+def test_close_gives_back_what_no_callback_started(server: Server) -> None:
+    with Client(server.url) as client:
+        client.create_topic("t")
+        client.create_subscription("s", "t", ack_deadline_seconds=600)
+        publish(client, "t", 6)
+        started = threading.Semaphore(0)
+
+        def handle(message: MessageOut) -> None:
+            started.release()
+            time.sleep(0.5)
+
+        subscriber = Subscriber(client)
+        consumer = subscriber.subscribe("s", handle, max_messages=6, concurrency=1, transport="websocket")
+        wait_until(lambda: consumer.held == 6, 10, "6 messages held")
+        assert started.acquire(timeout=5)
+        subscriber.close(grace=10)
+        assert (consumer.stats.acked, consumer.stats.released) == (1, 5)
+        metrics = client.metrics("s")
+        assert (metrics.acked, metrics.available, metrics.delivered) == (1, 5, 0)
+
+
+def test_errors_that_retrying_cannot_fix_stop_the_consumer(server: Server) -> None:
+    with Client(server.url) as client:
+        client.create_topic("t")
+        subscriber = Subscriber(client)
+        subscriber.subscribe("nope", lambda message: None, transport="websocket", ack_deadline_seconds=30)
+        with pytest.raises(NotFoundError):
+            subscriber.run(handle_signals=False)
+        client.create_subscription("s", "t")
+        subscriber = Subscriber(client)
+        subscriber.subscribe("s", lambda message: None, transport="websocket")
+        time.sleep(0.5)
+        client.delete_subscription("s")
+        with pytest.raises(NotFoundError):
+            subscriber.run(handle_signals=False)
+
+
+def test_a_token_without_the_consume_scope_is_refused(secured: Server) -> None:  # noqa: F811
+    admin_id, admin_secret = new_client(secured, "*")
+    with Client(secured.url, client_id=admin_id, client_secret=admin_secret) as admin:
+        admin.create_topic("t")
+        admin.create_subscription("s", "t")
+    reader_id, reader_secret = new_client(secured, "subscriptions:read")
+    with Client(secured.url, client_id=reader_id, client_secret=reader_secret) as client:
+        subscriber = Subscriber(client)
+        subscriber.subscribe("s", lambda message: None, transport="websocket")
+        with pytest.raises(PermissionDeniedError):
+            subscriber.run(handle_signals=False)

@@ -1,0 +1,280 @@
+"""WebSockets against the real server (two workers) with a real client: the `websockets` library."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from tests.e2e.conftest import Server, base_env, cli
+
+
+def ws_url(server: Server, path: str) -> str:
+    return server.url.replace("http://", "ws://") + path
+
+
+def open_socket(server: Server, path: str, **options: Any) -> Any:
+    return connect(ws_url(server, path), proxy=None, open_timeout=10, **options)
+
+
+async def frame(ws: ClientConnection, within: float = 10) -> dict[str, Any]:
+    return dict(json.loads(await asyncio.wait_for(ws.recv(), within)))
+
+
+async def frames_until(
+    ws: ClientConnection, kind: str, within: float = 10
+) -> tuple[dict[str, Any], list[Any]]:
+    """The next frame of `kind`, and the `message` frames that came before it."""
+    messages = []
+    while True:
+        got = await frame(ws, within)
+        if got["type"] == kind:
+            return got, messages
+        assert got["type"] == "message", got
+        messages.append(got["message"])
+
+
+async def quiet(ws: ClientConnection, seconds: float) -> list[dict[str, Any]]:
+    """Whatever comes within `seconds`."""
+    got = []
+    while True:
+        try:
+            got.append(await frame(ws, seconds))
+        except TimeoutError:
+            return got
+
+
+def setup(server: Server, count: int = 0, **policy: Any) -> None:
+    with server.client() as http:
+        assert http.post("/topics", json={"id": "t"}).status_code == 201
+        assert http.post("/subscriptions", json={"id": "s", "topic_id": "t", **policy}).status_code == 201
+        if count:
+            messages = [{"n": n} for n in range(count)]
+            assert http.post("/topics/t/messages", json=messages).status_code == 204
+
+
+def metrics(server: Server) -> dict[str, Any]:
+    with server.client() as http:
+        return dict(http.get("/subscriptions/s/metrics").json())
+
+
+@pytest.fixture
+def server(database_url: str, run_server: Callable[..., Server]) -> Server:
+    return run_server(base_env(database_url))
+
+
+async def test_receive_ack_nack_and_extend_on_one_socket(server: Server) -> None:
+    setup(server, 3, backoff_min_seconds=0, backoff_max_seconds=0)
+    async with open_socket(server, "/subscriptions/s/ws?max_in_flight=10&consumer_id=w1") as ws:
+        subscribed = await frame(ws)
+        assert subscribed == {
+            "type": "subscribed",
+            "subscription": "s",
+            "consumer_id": "w1",
+            "max_in_flight": 10,
+        }
+        got = [(await frame(ws))["message"] for _ in range(3)]
+        assert sorted(m["payload"]["n"] for m in got) == [0, 1, 2]
+        first, second, third = got
+        await ws.send(json.dumps({"type": "ack", "id": 1, "receipts": [first["receipt"], "not-a-receipt"]}))
+        acked, _ = await frames_until(ws, "acked")
+        assert acked == {
+            "type": "acked",
+            "id": 1,
+            "subscription": "s",
+            "acknowledged": [first["receipt"]],
+            "failed": [{"receipt": "not-a-receipt", "reason": "invalid receipt"}],
+        }
+        await ws.send(
+            json.dumps({"type": "extend", "id": "x", "receipts": [third["receipt"]], "seconds": 120})
+        )
+        extended, _ = await frames_until(ws, "extended")
+        assert extended["extended"] == [third["receipt"]]
+        await ws.send(json.dumps({"type": "nack", "id": 2, "receipts": [second["receipt"]]}))
+        nacked, before = await frames_until(ws, "nacked")
+        assert nacked["nacked"] == [second["receipt"]]
+        again = before or [(await frame(ws))["message"]]  # backoff 0: it comes straight back
+        assert (again[0]["id"], again[0]["delivery_attempts"]) == (second["id"], 2)
+        await ws.send(json.dumps({"type": "ack", "receipts": [again[0]["receipt"], third["receipt"]]}))
+        acked, _ = await frames_until(ws, "acked")
+        assert len(acked["acknowledged"]) == 2
+    assert metrics(server)["acked"] == 3
+
+
+async def test_flow_control_never_sends_more_than_granted(server: Server) -> None:
+    setup(server, 12)
+    async with open_socket(server, "/subscriptions/s/ws?max_in_flight=2") as ws:
+        assert (await frame(ws))["type"] == "subscribed"
+        first = [(await frame(ws))["message"] for _ in range(2)]
+        assert await quiet(ws, 1.0) == []  # two outstanding: nothing more
+        await ws.send(json.dumps({"type": "ack", "receipts": [first[0]["receipt"]]}))
+        _, more = await frames_until(ws, "acked")
+        more += [f["message"] for f in await quiet(ws, 1.0)]
+        assert len(more) == 1  # one settled, one more sent
+        await ws.send(json.dumps({"type": "flow", "id": 7, "max_in_flight": 5}))
+        flow, extra = await frames_until(ws, "flow")
+        assert flow == {"type": "flow", "id": 7, "subscription": "s", "max_in_flight": 5}
+        extra += [f["message"] for f in await quiet(ws, 1.0)]
+        assert len(extra) == 3  # outstanding: 2 + 3 = 5, never more
+        assert metrics(server)["delivered"] == 5
+
+
+async def test_publish_subscribe_and_unsubscribe_on_the_multiplexed_socket(server: Server) -> None:
+    setup(server)
+    with server.client() as http:
+        http.post("/subscriptions", json={"id": "s2", "topic_id": "t"})
+    async with open_socket(server, "/ws") as ws:
+        await ws.send(json.dumps({"type": "subscribe", "id": "a", "subscription": "s", "max_in_flight": 10}))
+        assert (await frame(ws))["type"] == "subscribed"
+        await ws.send(json.dumps({"type": "subscribe", "id": "b", "subscription": "s2"}))
+        assert (await frame(ws))["type"] == "subscribed"
+        await ws.send(json.dumps({"type": "publish", "id": 1, "topic": "t", "data": {"k": "one"}}))
+        published, seen = await frames_until(ws, "published")
+        assert published["id"] == 1
+        assert len(published["message_ids"]) == 1
+        envelopes = [{"payload": {"k": "two"}, "attributes": {"source": "ws"}, "priority": 5}]
+        await ws.send(json.dumps({"type": "publish", "id": 2, "topic": "t", "messages": envelopes}))
+        second, more = await frames_until(ws, "published")
+        seen += more + [f["message"] for f in await quiet(ws, 1.0)]
+        ids = {*published["message_ids"], *second["message_ids"]}
+        assert {(m["subscription_id"], m["id"]) for m in seen} == {(s, i) for s in ("s", "s2") for i in ids}
+        assert {m["attributes"]["source"] for m in seen if m["payload"]["k"] == "two"} == {"ws"}
+        await ws.send(json.dumps({"type": "unsubscribe", "id": 3, "subscription": "s2"}))
+        assert (await frames_until(ws, "unsubscribed"))[0]["id"] == 3
+        await ws.send(json.dumps({"type": "publish", "topic": "t", "data": {"k": "three"}}))
+        await frames_until(ws, "published")
+        later = [f["message"] for f in await quiet(ws, 1.0)]
+        assert [m["subscription_id"] for m in later] == ["s"]
+        await ws.send(json.dumps({"type": "ping", "id": 9}))
+        assert await frame(ws) == {"type": "pong", "id": 9}
+        pong = await ws.ping()  # the protocol's own ping frames are answered too
+        await asyncio.wait_for(pong, 5)
+
+
+async def test_bad_frames_get_an_error_answer_and_the_socket_stays_open(server: Server) -> None:
+    setup(server)
+    async with open_socket(server, "/ws") as ws:
+        cases = [
+            ("not json", 422, "JSON"),
+            ('{"type": "dance"}', 422, "type"),
+            ('{"type": "subscribe", "subscription": "nope", "id": 4}', 404, "not found"),
+            ('{"type": "publish", "topic": "t", "data": {"a": 1}, "messages": []}', 422, "not both"),
+            ('{"type": "publish", "topic": "t", "messages": [{"payload": 5}]}', 422, "payload"),
+            ('{"type": "ack", "receipts": ["r"]}', 422, "name the subscription"),
+            ('{"type": "unsubscribe", "subscription": "s"}', 422, "not subscribed"),
+        ]
+        for text, status, detail in cases:
+            await ws.send(text)
+            error = await frame(ws)
+            assert (error["type"], error["status"]) == ("error", status), (text, error)
+            assert detail in json.dumps(error["detail"]), (text, error)
+        await ws.send(json.dumps({"type": "ping"}))
+        assert await frame(ws) == {"type": "pong"}
+
+
+async def test_a_dropped_sockets_messages_are_delivered_again(server: Server) -> None:
+    setup(server, 3, ack_deadline_seconds=1)
+    async with open_socket(server, "/subscriptions/s/ws?max_in_flight=10") as ws:
+        await frame(ws)
+        first = {(await frame(ws))["message"]["id"] for _ in range(3)}
+    # Gone without settling anything: the leases run out after the ack deadline.
+    async with open_socket(server, "/subscriptions/s/ws?max_in_flight=10") as ws:
+        await frame(ws)
+        again = [(await frame(ws, within=15))["message"] for _ in range(3)]
+    assert {m["id"] for m in again} == first
+    assert {m["delivery_attempts"] for m in again} == {2}
+
+
+async def test_the_subscription_route_closes_with_a_code_that_says_why(server: Server) -> None:
+    setup(server)
+    for path, code in [
+        ("/subscriptions/nope/ws", 4404),
+        ("/subscriptions/s/ws?max_in_flight=0", 4422),
+        ("/subscriptions/s/ws?max_in_flight=many", 4422),
+    ]:
+        async with open_socket(server, path) as ws:
+            with pytest.raises(ConnectionClosed) as closed:
+                await frame(ws)
+        assert closed.value.rcvd is not None
+        assert closed.value.rcvd.code == code, path
+
+
+async def test_a_web_page_from_another_origin_cannot_open_a_socket(server: Server) -> None:
+    with pytest.raises(InvalidStatus) as refused:
+        async with open_socket(server, "/ws", origin="https://evil.example"):
+            pass
+    assert refused.value.response.status_code == 403
+
+
+@pytest.fixture
+def secured(database_url: str, run_server: Callable[..., Server]) -> tuple[Server, Callable[[str], str]]:
+    key = re.search(r"^new_secret=(\S+)$", cli(base_env(database_url), "generate-secret-key"), re.M)
+    assert key is not None
+    env = base_env(database_url, auth_enabled="true", auth_secret_key=key.group(1))
+    server = run_server(env)
+
+    def token(scopes: str) -> str:
+        values = dict(line.split("=", 1) for line in cli(env, "create-client", "ws", scopes, "true").split())
+        answer = httpx.post(
+            f"{server.url}/oauth/token",
+            json={"client_id": values["client_id"], "client_secret": values["client_secret"]},
+            timeout=10,
+        )
+        return str(answer.json()["access_token"])
+
+    return server, token
+
+
+async def test_sockets_are_authenticated_like_the_rest_of_the_api(
+    secured: tuple[Server, Callable[[str], str]],
+) -> None:
+    server, token = secured
+    admin = {"Authorization": f"Bearer {token('*')}"}
+    with server.client(headers=admin) as http:
+        http.post("/topics", json={"id": "t"})
+        http.post("/subscriptions", json={"id": "s", "topic_id": "t"})
+        http.post("/topics/t/messages", json=[{"n": 1}])
+    async with open_socket(server, "/subscriptions/s/ws") as ws:  # no token at all
+        with pytest.raises(ConnectionClosed) as closed:
+            await frame(ws, within=15)
+    assert closed.value.rcvd is not None
+    assert closed.value.rcvd.code == 4401
+    async with open_socket(server, "/ws", additional_headers={"Authorization": "Bearer forged"}) as ws:
+        with pytest.raises(ConnectionClosed) as closed:
+            await frame(ws)
+    assert closed.value.rcvd is not None
+    assert closed.value.rcvd.code == 4401
+    reader = token("subscriptions:read")
+    async with open_socket(
+        server, "/subscriptions/s/ws", additional_headers={"Authorization": f"Bearer {reader}"}
+    ) as ws:
+        with pytest.raises(ConnectionClosed) as closed:
+            await frame(ws)
+    assert closed.value.rcvd is not None
+    assert closed.value.rcvd.code == 4403
+    assert metrics_with(server, admin)["delivered"] == 0  # nothing was leased to any of them
+    # A browser cannot set headers: the token comes in the first frame.
+    consumer = token("subscriptions:consume:s")
+    async with open_socket(server, "/subscriptions/s/ws") as ws:
+        await ws.send(json.dumps({"type": "auth", "token": consumer}))
+        assert (await frame(ws))["type"] == "authenticated"
+        assert (await frame(ws))["type"] == "subscribed"
+        message = (await frame(ws))["message"]
+        await ws.send(json.dumps({"type": "publish", "id": 1, "topic": "t", "data": {"n": 2}}))
+        refused = await frame(ws)
+        assert (refused["type"], refused["status"], refused["id"]) == ("error", 403, 1)
+        assert "topics:publish" in refused["detail"]
+        await ws.send(json.dumps({"type": "ack", "receipts": [message["receipt"]]}))
+        assert (await frame(ws))["acknowledged"] == [message["receipt"]]
+
+
+def metrics_with(server: Server, headers: dict[str, str]) -> dict[str, Any]:
+    with server.client(headers=headers) as http:
+        return dict(http.get("/subscriptions/s/metrics").json())

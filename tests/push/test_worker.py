@@ -1,0 +1,152 @@
+"""The push-worker in this process, against a receiver in this process (127.0.0.1 only)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from fastpubsub.bench.receiver import Receiver
+from fastpubsub.db import Database
+from fastpubsub.push import signing
+from fastpubsub.push.endpoints import EndpointPolicy, EndpointRefusedError
+from fastpubsub.push.worker import PushWorker
+from fastpubsub.settings import Settings
+
+
+@contextlib.asynccontextmanager
+async def receiving(**options: Any) -> AsyncIterator[tuple[Receiver, str]]:
+    receiver = Receiver(**options)
+    server = await asyncio.start_server(receiver.serve, "127.0.0.1", 0)
+    try:
+        yield receiver, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/hook"
+    finally:
+        server.close()
+
+
+@contextlib.asynccontextmanager
+async def working(database_url: str, **settings: Any) -> AsyncIterator[PushWorker]:
+    values: dict[str, Any] = {
+        "database_url": database_url,
+        "push_allow_http": True,
+        "push_refresh_seconds": 0.2,
+    }
+    worker = PushWorker(Settings(_env_file=None, **{**values, **settings}), registry=CollectorRegistry())
+    task = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(worker.ready.wait(), 10)
+        yield worker
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 30)
+
+
+async def wait_for(check: Any, seconds: float = 20) -> None:
+    async with asyncio.timeout(seconds):
+        while True:
+            if await check():
+                return
+            await asyncio.sleep(0.05)
+
+
+async def push_subscription(db: Database, endpoint: str, **policy: Any) -> None:
+    await db.create_topic("t")
+    push = {"endpoint": endpoint, "headers": {"X-Token": "t0"}, "timeout_seconds": 5, "max_concurrency": 4}
+    await db.create_subscription("s", "t", push=push, push_secret=signing.new_secret(), **policy)
+
+
+async def test_an_address_allowed_at_creation_but_not_at_connect_time_gets_no_request(
+    db: Database, database_url: str
+) -> None:
+    """The endpoint was accepted (as if its name had resolved to a public address then); the worker
+    resolves and checks again when it connects, and sends nothing to a refused address."""
+    async with receiving() as (receiver, url):
+        await push_subscription(db, url, max_delivery_attempts=1)
+        async with working(database_url) as worker:  # 127.0.0.1 is not allowed here
+            await db.publish("t", [{"n": 1}])
+            await wait_for(lambda: _dlq(db))
+            failures = worker.metrics.failures.labels("s", "refused_address")._value.get()
+        assert receiver.requests == 0
+        assert failures == 1
+
+
+async def _dlq(db: Database) -> bool:
+    return (await db.subscription_metrics("s")).dlq == 1
+
+
+async def test_headers_concurrency_and_rotation_reach_the_receiver(db: Database, database_url: str) -> None:
+    seen: list[dict[str, str]] = []
+    async with receiving(delay=0.05) as (receiver, url):
+        original = receiver.answer
+
+        def record(headers: dict[str, str], body: bytes) -> int:
+            seen.append(headers)
+            return original(headers, body)
+
+        receiver.answer = record  # type: ignore[method-assign]
+        await push_subscription(db, url)
+        async with working(database_url, push_allowed_hosts="127.0.0.1") as worker:
+            await db.publish("t", [{"n": n} for n in range(40)])
+            most = 0
+
+            async def drained() -> bool:
+                nonlocal most
+                most = max(most, int(worker.metrics.in_flight.labels("s")._value.get()))
+                return (await db.subscription_metrics("s")).acked == 40
+
+            await wait_for(drained)
+            assert 1 <= most <= 4  # max_concurrency
+            rotated = await db.rotate_push_secret("s", signing.new_secret(), 3600)
+            await asyncio.sleep(0.5)  # the worker rereads the subscription
+            await db.publish("t", [{"n": 40}])
+            await wait_for(lambda: _acked(db, 41))
+    assert {h["x-token"] for h in seen} == {"t0"}
+    assert {len(h["webhook-signature"].split()) for h in seen[:40]} == {1}
+    last = seen[-1]["webhook-signature"].split()
+    assert len(last) == 2  # the new secret and, during the grace period, the previous one
+    assert rotated.new_push_secret is not None
+
+
+async def _acked(db: Database, count: int) -> bool:
+    return (await db.subscription_metrics("s")).acked == count
+
+
+async def test_a_deleted_subscription_is_no_longer_pushed_nor_labelled(
+    db: Database, database_url: str
+) -> None:
+    async with receiving() as (_, url):
+        await push_subscription(db, url)
+        async with working(database_url, push_allowed_hosts="127.0.0.1") as worker:
+            await db.publish("t", [{"n": 1}])
+            await wait_for(lambda: _acked(db, 1))
+            assert "s" in worker.lines
+            await db.delete_subscription("s")
+            await asyncio.sleep(0.6)
+            assert worker.lines == {}
+            names = {
+                s.labels.get("subscription") for m in worker.metrics.registry.collect() for s in m.samples
+            }
+            assert names == set()
+
+
+@pytest.mark.parametrize(
+    ("url", "refused"),
+    [
+        ("https://127.0.0.1/x", True),
+        ("https://[::1]/x", True),
+        ("https://8.8.8.8/x", False),
+        ("https://[2001:4860:4860::8888]/x", False),
+        ("http://8.8.8.8/x", True),
+    ],
+)
+async def test_the_policy_judges_address_literals_without_resolving(url: str, refused: bool) -> None:
+    policy = EndpointPolicy.from_settings(False, "")
+    if refused:
+        with pytest.raises(EndpointRefusedError):
+            await policy.check(url)
+    else:
+        await policy.check(url)  # judged, never connected to
