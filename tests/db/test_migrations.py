@@ -37,6 +37,9 @@ LANDED = {
     "0006_wakeups_batches_receipts": "308b889a4aaa75e25f232cd3d417cc4e377222e67148826579dc16cfd8c58263",
     "0007_archive": "a3dc7a8fc462a46e75da0ac62c291903aa6935752bfbdfe9b8d003820c11088c",
     "0008_group_consume": "21bb9fe320163b0965fc3f3ace1ee4f350c34ee12205e872f3b6f3c9e1f89401",
+    "0009_merged_batches": "986490f201d5eae54c9418cbd361ed0491879137899e3f97787d1f85ebdc0402",
+    "0010_seed_parity": "6276a0efea1878c52b69e9ecc94032ece396f6aae239ecbe7ff3d2c81643d01c",
+    "0011_push": "66e889b3aaac9643aa54fc18c513d259044f002f75966b5c0c72099e685729d5",
 }
 
 CATALOG_QUERIES = {
