@@ -39,6 +39,7 @@ import orjson
 import psycopg
 from psycopg.rows import namedtuple_row
 
+from fastpubsub.db.queries import text_array
 from fastpubsub.sql.source import driver_queries
 
 # The session settings fastpubsub.db.Database gives the server's connections.
@@ -72,7 +73,7 @@ class Outcome:
 
 def _publish(job: Job, conn: psycopg.Connection[Any], counter: Any, slot: int) -> tuple[int, list[str]]:
     sql = driver_queries()["publish_batch"]
-    params = {"topics": [job.target], "bodies": [job.body], "envelopes": [False]}
+    params = {"topics": text_array([job.target]), "bodies": text_array([job.body]), "envelopes": [False]}
     stop = time.monotonic() + job.seconds
     total = 0
     while time.monotonic() < stop:

@@ -27,6 +27,7 @@ from psycopg.rows import dict_row
 
 from fastpubsub.bench import ceiling
 from fastpubsub.bench.client import Connection
+from fastpubsub.db.queries import text_array
 from fastpubsub.sql.source import driver_queries
 
 Progress = Callable[[int], None]
@@ -562,7 +563,8 @@ def wal_per_message(
         def publish(count: int) -> None:
             for _ in range(count // batch):
                 conn.execute(
-                    queries["publish_batch"], {"topics": [topic], "bodies": [body], "envelopes": [False]}
+                    queries["publish_batch"],
+                    {"topics": text_array([topic]), "bodies": text_array([body]), "envelopes": [False]},
                 )
 
         def consume(count: int) -> list[list[str]]:

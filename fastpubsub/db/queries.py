@@ -67,6 +67,17 @@ def uuid_array(ids: Iterable[UUID | str]) -> str:
     return "{" + ",".join(str(i) if isinstance(i, UUID) else _array_element(i) for i in ids) + "}"
 
 
+def text_array(texts: Iterable[str]) -> str:
+    """The texts as one PostgreSQL array literal, cast to text[] by the query.
+
+    The driver quotes a list's elements with a regular-expression substitution
+    per quote character, on the event loop: for a 10 MB publish body (hundreds
+    of thousands of quotes) that held the worker for most of a second, while
+    these replaces take milliseconds.
+    """
+    return "{" + ",".join(_array_element(text) for text in texts) + "}"
+
+
 def _array_element(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -278,8 +289,8 @@ class Database:
         """
         rows = await self._rows(
             "publish_batch",
-            topics=[request[0] for request in requests],
-            bodies=[request[1] for request in requests],
+            topics=text_array(request[0] for request in requests),
+            bodies=text_array(request[1] for request in requests),
             envelopes=[request[2] for request in requests],
         )
         return [(list(row.ids), list(row.woken), list(row.woken_counts)) for row in rows]

@@ -187,3 +187,23 @@ async def test_a_long_poll_look_is_one_round_trip(db: Database) -> None:
     assert (leased, data) == (0, "[]")
     assert due is not None
     assert 29 < due <= 30  # when the lease just taken runs out
+
+
+async def test_publish_bodies_reach_the_database_as_they_were_sent(db: Database) -> None:
+    # Bodies go as one array literal: whatever they hold (quotes, backslashes,
+    # braces, commas, the word NULL, escapes, other scripts) stays one element, unchanged.
+    await db.create_topic("t")
+    await db.create_topic("u")
+    await db.create_subscription("s", "t")
+    await db.create_subscription("q", "u")
+    payloads = [
+        {"text": 'say "hi", then \\"leave\\"'},
+        {"text": "{a,b}", "null": "NULL", "empty": ""},
+        {"text": "back\\\\slash \\n \\u0041 \u00e9\u6f22 \U0001f600"},
+    ]
+    results = await db.publish_batch(
+        [("t", json.dumps(payloads[:2]), False), ("u", json.dumps([payloads[2]]), False)]
+    )
+    assert [len(ids) for ids, _, _ in results] == [2, 1]
+    assert [m.payload for m in await db.consume("s", "w", 10)] == payloads[:2]
+    assert [m.payload for m in await db.consume("q", "w", 10)] == [payloads[2]]
