@@ -323,6 +323,7 @@ CREATE OR REPLACE FUNCTION fastpubsub.backfill(p_subscription_id text, p_batch_s
 RETURNS record
 LANGUAGE plpgsql
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     s fastpubsub.subscriptions;

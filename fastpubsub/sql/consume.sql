@@ -22,6 +22,7 @@ RETURNS void
 LANGUAGE plpgsql
 SET enable_sort = off
 SET enable_bitmapscan = off
+SET jit = off
 AS $$
 DECLARE
     v_min bigint;
@@ -95,6 +96,7 @@ SET enable_sort = off
 SET enable_bitmapscan = off
 SET enable_mergejoin = off
 SET enable_hashjoin = off
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -291,6 +293,7 @@ CREATE OR REPLACE FUNCTION fastpubsub._consume_batch(
 RETURNS TABLE(leased integer, data text, due double precision)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 DECLARE
     n integer := coalesce(cardinality(p_subscriptions), 0);
@@ -349,6 +352,7 @@ LANGUAGE plpgsql STABLE
 SET enable_sort = off
 SET enable_bitmapscan = off
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     s fastpubsub.subscriptions := fastpubsub._subscription(p_subscription_id);
@@ -403,6 +407,7 @@ RETURNS TABLE(id uuid, payload jsonb, attributes jsonb, priority smallint, attem
               state text, expires_at timestamptz)
 LANGUAGE plpgsql STABLE
 SET enable_bitmapscan = off
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -167,6 +167,7 @@ RETURNS smallint
 LANGUAGE plpgsql STABLE
 SET enable_sort = off
 SET enable_bitmapscan = off
+SET jit = off
 AS $$
 BEGIN
     RETURN (

@@ -6,6 +6,7 @@ RETURNS integer
 LANGUAGE plpgsql
 SET enable_mergejoin = off
 SET enable_hashjoin = off
+SET jit = off
 AS $$
 DECLARE
     n integer;
@@ -109,6 +110,7 @@ RETURNS integer
 LANGUAGE plpgsql
 SET enable_hashjoin = off
 SET enable_mergejoin = off
+SET jit = off
 AS $$
 DECLARE
     t record;
@@ -175,6 +177,7 @@ RETURNS integer
 LANGUAGE plpgsql
 SET enable_hashjoin = off
 SET enable_mergejoin = off
+SET jit = off
 AS $$
 DECLARE
     n integer;

@@ -15,6 +15,7 @@ RETURNS record
 LANGUAGE plpgsql STABLE
 SET enable_sort = off
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     s fastpubsub.subscriptions := fastpubsub._subscription(p_subscription_id);
@@ -83,6 +84,7 @@ RETURNS record
 LANGUAGE plpgsql STABLE
 SET enable_seqscan = off
 SET enable_bitmapscan = off
+SET jit = off
 AS $$
 DECLARE
     v_topic_key integer;

@@ -93,6 +93,7 @@ CREATE OR REPLACE FUNCTION fastpubsub._publish(
 RETURNS record
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 DECLARE
     v_topic_key integer;
@@ -285,6 +286,7 @@ RETURNS bigint
 LANGUAGE plpgsql
 SET enable_sort = off
 SET enable_bitmapscan = off
+SET jit = off
 AS $$
 DECLARE
     v_now timestamptz := now();
@@ -352,6 +354,7 @@ CREATE OR REPLACE FUNCTION fastpubsub._publish_batch(p_topics text[], p_messages
 RETURNS TABLE(ids uuid[], woken text[], woken_counts integer[])
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 DECLARE
     n integer := coalesce(cardinality(p_topics), 0);
