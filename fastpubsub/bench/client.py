@@ -46,13 +46,21 @@ class Connection:
     async def request(
         self, method: str, path: str, body: bytes | None = None, params: dict[str, object] | None = None
     ) -> Response:
-        reader, writer = await self._connect()
         target = self.prefix + path + (f"?{urlencode(params)}" if params else "")
         head = f"{method} {target} HTTP/1.1\r\nHost: {self.host}\r\n".encode() + self.auth
         if body is not None:
             head += b"Content-Type: application/json\r\nContent-Length: %d\r\n" % len(body)
-        writer.write(head + b"\r\n" + (body or b""))
-        status_line = await reader.readline()
+        request = head + b"\r\n" + (body or b"")
+        reused = self._writer is not None and not self._writer.is_closing()
+        reader, writer = await self._connect()
+        status_line = await self._send(reader, writer, request)
+        if not status_line and reused:
+            # A kept-alive connection that sat idle longer than the server's
+            # keep-alive timeout is closed by the server without an answer:
+            # the request was never read, so it goes again on a new one.
+            self.close()
+            reader, writer = await self._connect()
+            status_line = await self._send(reader, writer, request)
         if not status_line:
             self.close()
             raise ConnectionError("the server closed the connection")
@@ -70,6 +78,15 @@ class Connection:
         if close:
             self.close()
         return Response(status, data)
+
+    @staticmethod
+    async def _send(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes) -> bytes:
+        """Write `request`; the status line of the answer (b"" when the server closed instead)."""
+        try:
+            writer.write(request)
+            return await reader.readline()
+        except ConnectionResetError:
+            return b""
 
     async def get(self, path: str, params: dict[str, object] | None = None, expect: int = 200) -> bytes:
         response = await self.request("GET", path, params=params)
