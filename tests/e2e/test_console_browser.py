@@ -178,112 +178,116 @@ def test_console_from_sign_in_to_dead_letters_and_secrets(
 ) -> None:
     server, driver = secured_server, browser
     admin_id, admin_secret = credentials(server, "console admin", "*")
-    api = server.client()
-    token = api.post("/oauth/token", json={"client_id": admin_id, "client_secret": admin_secret})
-    api.headers["Authorization"] = f"Bearer {token.json()['access_token']}"
+    # Closed however the test ends: a client left open is an unclosed socket warning in a later test.
+    with server.client() as api:
+        token = api.post("/oauth/token", json={"client_id": admin_id, "client_secret": admin_secret})
+        api.headers["Authorization"] = f"Bearer {token.json()['access_token']}"
 
-    # Signing in: the console asks first, and the keyboard reaches the form.
-    driver.get(f"{server.url}/console")
-    wait_for(driver, lambda d: "/console/login" in d.current_url)
-    check_page(driver, axe_source, "01-sign-in")
-    driver.find_element(By.TAG_NAME, "body").send_keys(Keys.TAB)
-    assert driver.switch_to.active_element.text == "Skip to content"
-    fill(driver, "#client_id", admin_id)
-    fill(driver, "#client_secret", "wrong")
-    submit(driver, "form button[type=submit]")
-    assert (
-        "invalid client credentials"
-        in wait_for(driver, lambda d: d.find_element(By.CSS_SELECTOR, ".error")).text
-    )
-    fill(driver, "#client_secret", admin_secret)
-    driver.find_element(By.CSS_SELECTOR, "#client_secret").send_keys(Keys.ENTER)
-    wait_for(driver, lambda d: d.find_element(By.TAG_NAME, "h1").text == "Overview")
-    cookies = {c["name"]: c for c in driver.get_cookies()}
-    assert cookies["fastpubsub_console_token"]["httpOnly"] is True
-    assert cookies["fastpubsub_console_token"]["sameSite"] == "Strict"
-    assert driver.execute_script("return document.cookie") == ""  # nothing readable by scripts
+        # Signing in: the console asks first, and the keyboard reaches the form.
+        driver.get(f"{server.url}/console")
+        wait_for(driver, lambda d: "/console/login" in d.current_url)
+        check_page(driver, axe_source, "01-sign-in")
+        driver.find_element(By.TAG_NAME, "body").send_keys(Keys.TAB)
+        assert driver.switch_to.active_element.text == "Skip to content"
+        fill(driver, "#client_id", admin_id)
+        fill(driver, "#client_secret", "wrong")
+        submit(driver, "form button[type=submit]")
+        assert (
+            "invalid client credentials"
+            in wait_for(driver, lambda d: d.find_element(By.CSS_SELECTOR, ".error")).text
+        )
+        fill(driver, "#client_secret", admin_secret)
+        driver.find_element(By.CSS_SELECTOR, "#client_secret").send_keys(Keys.ENTER)
+        wait_for(driver, lambda d: d.find_element(By.TAG_NAME, "h1").text == "Overview")
+        cookies = {c["name"]: c for c in driver.get_cookies()}
+        assert cookies["fastpubsub_console_token"]["httpOnly"] is True
+        assert cookies["fastpubsub_console_token"]["sameSite"] == "Strict"
+        assert driver.execute_script("return document.cookie") == ""  # nothing readable by scripts
 
-    # A topic and a subscription, made from the console.
-    fill(driver, "#topic-id", "orders")
-    submit(driver, "section[aria-labelledby=new-topic] button")
-    assert notice(driver, "Topic created.") == "Topic created."
-    fill(driver, "#subscription-id", "emails")
-    submit(driver, "section[aria-labelledby=subscribe-heading] button")
-    assert notice(driver, "Subscription created.") == "Subscription created."
-    assert api.get("/subscriptions/emails").json()["topic_id"] == "orders"
+        # A topic and a subscription, made from the console.
+        fill(driver, "#topic-id", "orders")
+        submit(driver, "section[aria-labelledby=new-topic] button")
+        assert notice(driver, "Topic created.") == "Topic created."
+        fill(driver, "#subscription-id", "emails")
+        submit(driver, "section[aria-labelledby=subscribe-heading] button")
+        assert notice(driver, "Subscription created.") == "Subscription created."
+        assert api.get("/subscriptions/emails").json()["topic_id"] == "orders"
 
-    # Publish from the console: the backlog shows it; a publish elsewhere shows without a reload.
-    driver.get(f"{server.url}/console/topics/orders")
-    assert backlog_cell(driver, "emails") == "0"
-    fill(driver, "#payload", '{"order": 1, "note": "<b>not markup</b>"}')
-    submit(driver, "section[aria-labelledby=publish-heading] button")
-    assert notice(driver, "Published.") == "Published."
-    assert backlog_cell(driver, "emails") == "1"
-    assert api.post("/topics/orders/messages", json=[{"order": 2}]).status_code == 204
-    wait_for(driver, lambda d: backlog_cell(d, "emails") == "2", timeout=30)
-    check_page(driver, axe_source, "03-topic")
+        # Publish from the console: the backlog shows it; a publish elsewhere shows without a reload.
+        driver.get(f"{server.url}/console/topics/orders")
+        assert backlog_cell(driver, "emails") == "0"
+        fill(driver, "#payload", '{"order": 1, "note": "<b>not markup</b>"}')
+        submit(driver, "section[aria-labelledby=publish-heading] button")
+        assert notice(driver, "Published.") == "Published."
+        assert backlog_cell(driver, "emails") == "1"
+        assert api.post("/topics/orders/messages", json=[{"order": 2}]).status_code == 204
+        wait_for(driver, lambda d: backlog_cell(d, "emails") == "2", timeout=30)
+        check_page(driver, axe_source, "03-topic")
 
-    driver.get(f"{server.url}/console")
-    assert backlog_cell(driver, "emails") == "2"
-    check_page(driver, axe_source, "02-overview")
+        driver.get(f"{server.url}/console")
+        assert backlog_cell(driver, "emails") == "2"
+        check_page(driver, axe_source, "02-overview")
 
-    # The policy edited in the console: one attempt, then the DLQ.
-    driver.get(f"{server.url}/console/subscriptions/emails")
-    assert "<b>not markup</b>" in driver.find_element(By.ID, "peek").text  # shown as text, not markup
-    fill(driver, "#max_delivery_attempts", "1")
-    submit(driver, "section[aria-labelledby=policy-heading] button")
-    assert notice(driver, "Subscription updated.") == "Subscription updated."
-    assert api.get("/subscriptions/emails").json()["max_delivery_attempts"] == 1
-    check_page(driver, axe_source, "04-subscription")
+        # The policy edited in the console: one attempt, then the DLQ.
+        driver.get(f"{server.url}/console/subscriptions/emails")
+        assert "<b>not markup</b>" in driver.find_element(By.ID, "peek").text  # shown as text, not markup
+        fill(driver, "#max_delivery_attempts", "1")
+        submit(driver, "section[aria-labelledby=policy-heading] button")
+        assert notice(driver, "Subscription updated.") == "Subscription updated."
+        assert api.get("/subscriptions/emails").json()["max_delivery_attempts"] == 1
+        check_page(driver, axe_source, "04-subscription")
 
-    # Dead-letter one message through the API, reprocess it from the DLQ page.
-    leased = api.get("/subscriptions/emails/messages", params={"consumer_id": "w", "batch_size": 1}).json()[
-        "data"
-    ]
-    assert api.post("/subscriptions/emails/nacks", json=[leased[0]["id"]]).status_code == 204
-    assert api.get("/subscriptions/emails/metrics").json()["dlq"] == 1
-    driver.get(f"{server.url}/console/subscriptions/emails/dlq")
-    assert "delivery failed once (the limit is 1)" in driver.page_source
-    check_page(driver, axe_source, "05-dead-letters")
-    box = driver.find_element(By.CSS_SELECTOR, f'input[name=id][value="{leased[0]["id"]}"]')
-    box.send_keys(Keys.SPACE)  # by keyboard
-    assert box.is_selected()
-    submit(driver, "main form button[type=submit]")
-    assert (
-        notice(driver, "The selected dead letters are deliverable again.")
-        == "The selected dead letters are deliverable again."
-    )
-    metrics = api.get("/subscriptions/emails/metrics").json()
-    assert (metrics["dlq"], metrics["available"]) == (0, 2)
+        # Dead-letter one message through the API, reprocess it from the DLQ page.
+        leased = api.get(
+            "/subscriptions/emails/messages", params={"consumer_id": "w", "batch_size": 1}
+        ).json()["data"]
+        assert api.post("/subscriptions/emails/nacks", json=[leased[0]["id"]]).status_code == 204
+        assert api.get("/subscriptions/emails/metrics").json()["dlq"] == 1
+        driver.get(f"{server.url}/console/subscriptions/emails/dlq")
+        assert "delivery failed once (the limit is 1)" in driver.page_source
+        check_page(driver, axe_source, "05-dead-letters")
+        box = driver.find_element(By.CSS_SELECTOR, f'input[name=id][value="{leased[0]["id"]}"]')
+        box.send_keys(Keys.SPACE)  # by keyboard
+        assert box.is_selected()
+        submit(driver, "main form button[type=submit]")
+        assert (
+            notice(driver, "The selected dead letters are deliverable again.")
+            == "The selected dead letters are deliverable again."
+        )
+        metrics = api.get("/subscriptions/emails/metrics").json()
+        assert (metrics["dlq"], metrics["available"]) == (0, 2)
 
-    # A client made in the console, then its secret rotated.
-    driver.get(f"{server.url}/console/clients")
-    fill(driver, "#client-name", "reporting")
-    fill(driver, "#client-scopes", "topics:read")
-    submit(driver, "section[aria-labelledby=new-client] button")
-    new_id = wait_for(driver, lambda d: d.find_element(By.ID, "new-client-id")).text
-    first_secret = driver.find_element(By.ID, "new-client-secret").text
-    check_page(driver, axe_source, "07-client-secret")
-    driver.get(f"{server.url}/console/clients")
-    check_page(driver, axe_source, "06-clients")
-    submit(driver, f'form[action="/console/clients/{new_id}/secret"] button')
-    new_secret = wait_for(driver, lambda d: d.find_element(By.ID, "new-client-secret")).text
-    assert new_secret
-    assert new_secret != first_secret
-    assert "earlier tokens no longer work" in driver.page_source
-    old = httpx.post(f"{server.url}/oauth/token", json={"client_id": new_id, "client_secret": first_secret})
-    assert old.status_code == 401
-    fresh = httpx.post(f"{server.url}/oauth/token", json={"client_id": new_id, "client_secret": new_secret})
-    assert fresh.status_code == 201
+        # A client made in the console, then its secret rotated.
+        driver.get(f"{server.url}/console/clients")
+        fill(driver, "#client-name", "reporting")
+        fill(driver, "#client-scopes", "topics:read")
+        submit(driver, "section[aria-labelledby=new-client] button")
+        new_id = wait_for(driver, lambda d: d.find_element(By.ID, "new-client-id")).text
+        first_secret = driver.find_element(By.ID, "new-client-secret").text
+        check_page(driver, axe_source, "07-client-secret")
+        driver.get(f"{server.url}/console/clients")
+        check_page(driver, axe_source, "06-clients")
+        submit(driver, f'form[action="/console/clients/{new_id}/secret"] button')
+        new_secret = wait_for(driver, lambda d: d.find_element(By.ID, "new-client-secret")).text
+        assert new_secret
+        assert new_secret != first_secret
+        assert "earlier tokens no longer work" in driver.page_source
+        old = httpx.post(
+            f"{server.url}/oauth/token", json={"client_id": new_id, "client_secret": first_secret}
+        )
+        assert old.status_code == 401
+        fresh = httpx.post(
+            f"{server.url}/oauth/token", json={"client_id": new_id, "client_secret": new_secret}
+        )
+        assert fresh.status_code == 201
 
-    # Narrow screens: nothing wider than the window but the tables, which scroll in their own box.
-    driver.set_window_size(390, 844)
-    driver.get(f"{server.url}/console/topics/orders")
-    assert driver.execute_script(
-        "return document.documentElement.scrollWidth <= document.documentElement.clientWidth"
-    )
-    check_page(driver, axe_source, "08-topic-narrow")
-    api.close()
+        # Narrow screens: nothing wider than the window but the tables, which scroll in their own box.
+        driver.set_window_size(390, 844)
+        driver.get(f"{server.url}/console/topics/orders")
+        assert driver.execute_script(
+            "return document.documentElement.scrollWidth <= document.documentElement.clientWidth"
+        )
+        check_page(driver, axe_source, "08-topic-narrow")
 
 
 def test_console_reads_with_javascript_off_and_says_how_to_make_clients_with_auth_off(
