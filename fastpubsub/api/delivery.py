@@ -328,7 +328,7 @@ class Delivery:
         hub = self.hub
         held = window.held
         written = loop.time()
-        checked = 0.0  # when the database last said which leases are still held
+        checked = written  # when the database last said which leases are still held (none yet)
         outage_since: float | None = None
         retry = OUTAGE_RETRY_SECONDS
         with hub.stream(subscription_id), hub.waiter(subscription_id, window.room(), held) as waiter:
@@ -353,7 +353,8 @@ class Delivery:
                                 del held[message_id]
                         room = window.room()
                         waiter.demand = room
-                        if room > 0:
+                        if room > 0 and not hub.known_empty(subscription_id):
+                            mark = hub.look_began(subscription_id)
                             events, due = await self.database.consume_events(
                                 subscription_id, consumer_id, min(room, MAX_BATCH_SIZE)
                             )
@@ -368,6 +369,7 @@ class Delivery:
                                 yield events
                                 written = loop.time()
                                 continue
+                            hub.found_nothing(subscription_id, mark)
                             hub.note_due(subscription_id, due)
                         elif held:
                             earliest = min(held.values()) - loop.time() + 0.005

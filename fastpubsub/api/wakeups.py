@@ -101,13 +101,18 @@ class Waiter:
 
 
 class _Queue:
-    __slots__ = ("due_handle", "floor", "streams", "waiters")
+    __slots__ = ("due_handle", "empty_at", "floor", "news", "streams", "waiters")
 
     def __init__(self) -> None:
         self.waiters: dict[Waiter, None] = {}  # in arrival order
         self.due_handle: asyncio.TimerHandle | None = None
         self.floor = DUE_SLACK_SECONDS
         self.streams = 0
+        # Counts every wake-up (news that messages may be deliverable). A look
+        # that leased nothing records the count it started at in `empty_at`;
+        # while no news has come since, a stream need not look (known_empty).
+        self.news = 0
+        self.empty_at = -1
 
 
 class WakeHub:
@@ -254,6 +259,7 @@ class WakeHub:
         queue = self._queues.get(subscription_id)
         if queue is None:
             return
+        queue.news += 1
         remaining = count if count else 1
         for waiter in queue.waiters:
             if waiter.demand <= 0 or waiter.event.is_set():
@@ -273,10 +279,35 @@ class WakeHub:
 
     def wake_everyone(self) -> None:
         for queue in self._queues.values():
+            queue.news += 1
             for waiter in queue.waiters:
                 waiter.recheck = waiter.held is not None
                 waiter.baton = True
                 waiter.event.set()
+
+    def look_began(self, subscription_id: str) -> int:
+        """A look at `subscription_id` is about to begin: its mark for `found_nothing`."""
+        queue = self._queues.get(subscription_id)
+        return queue.news if queue is not None else -1
+
+    def found_nothing(self, subscription_id: str, mark: int) -> None:
+        """The look that began at `mark` leased nothing: without news since, nothing is deliverable here."""
+        queue = self._queues.get(subscription_id)
+        if queue is not None and queue.news == mark:
+            queue.empty_at = mark
+
+    def known_empty(self, subscription_id: str) -> bool:
+        """A look that began after the last news leased nothing: looking again would find nothing either.
+
+        Its snapshot saw every commit made before that news arrived, and any
+        commit since then brings news of its own (after its commit, in this
+        process or by notification; a due time brings its timer), which wakes
+        a waiter and ends this state. Thousands of streams on one subscription
+        then cost one look per news, not one per stream: when they open, when
+        their keep-alives fall due, when a settlement makes room.
+        """
+        queue = self._queues.get(subscription_id)
+        return queue is not None and queue.empty_at == queue.news
 
     def note_leased(self, subscription_id: str) -> None:
         """A look leased messages: due-time waits start short again."""

@@ -105,3 +105,35 @@ async def test_stream_events_keep_big_integers_exact(api: httpx.AsyncClient) -> 
         assert json.loads(data)["payload"] == {"n": BIG}
     finally:
         await sse.close()
+
+
+async def test_idle_streams_share_one_look_until_news_comes(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Thirty idle streams cost a look per piece of news, not one per stream and keep-alive; a publish
+    still reaches one of them."""
+    monkeypatch.setattr(delivery, "KEEPALIVE_SECONDS", 0.3)
+    await setup(api)
+    first = Exchange(api.app, "/subscriptions/s/stream", {"consumer_id": "c0"})  # type: ignore[attr-defined]
+    streams = [first]
+    try:
+        await asyncio.sleep(0.7)  # its first look, and the looks after declaring interest, are done
+        ran = count_queries(api, monkeypatch)
+        for k in range(1, 30):
+            params = {"consumer_id": f"c{k}"}
+            streams.append(Exchange(api.app, "/subscriptions/s/stream", params))  # type: ignore[attr-defined]
+        await asyncio.sleep(1.0)  # 30 streams, 3 keep-alives each
+        assert all(b": keep-alive\n\n" in sse.comments() for sse in streams)
+        assert ran.count("consume_events") == 0  # the first stream's empty look still stands
+        await api.post("/topics/t/messages", json=[{"n": 1}])
+        waiting = [asyncio.create_task(sse.next_event(within=5)) for sse in streams]
+        await asyncio.wait(waiting, timeout=5, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.sleep(0.3)  # time for a second delivery, if there were one
+        received = [json.loads(task.result()[0]) for task in waiting if task.done()]
+        for task in waiting:
+            task.cancel()
+        assert [event["payload"] for event in received] == [{"n": 1}]  # one stream, once
+        assert 1 <= ran.count("consume_events") <= 3  # the woken stream's look (and a second process's)
+    finally:
+        for sse in streams:
+            await sse.close()
