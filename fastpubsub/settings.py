@@ -95,7 +95,7 @@ class Settings(BaseSettings):
 
     # Throughput and wake-ups
     group_commit_in_flight: int = Field(
-        default=2,
+        default=1,
         ge=1,
         le=64,
         description="Publish (and ack/nack) transactions a server process writes at once; requests arriving "
