@@ -184,6 +184,7 @@ class Delivery:
                 waiter.event.clear()
                 if gone.is_set() or hub.stopping.is_set():
                     return 0, "[]"
+                waiter.owed = False
                 leased, data, due = await self.consumes.submit((subscription_id, consumer_id, batch_size))
                 if leased:
                     hub.note_leased(subscription_id)
@@ -336,6 +337,7 @@ class Delivery:
             try:
                 while not hub.stopping.is_set():
                     waiter.event.clear()
+                    waiter.owed = False
                     now = loop.time()
                     for message_id in [m for m, ends in held.items() if ends <= now]:
                         del held[message_id]  # its lease ran out: room again (it may come back)

@@ -4,9 +4,12 @@ Every consumer waiting for messages of a subscription (a long-poll, a stream
 with room) is a `Waiter` in that subscription's queue, with a demand: how many
 messages it can take. When messages become deliverable, the hub wakes waiters
 in the order they came until their demand covers the messages: a publish of
-one message wakes one waiter per process, not every waiter. A waiter that
-leases a full batch wakes the next one (there may be more); one that finds
-nothing (another process was quicker) waits again in its place.
+one message wakes one waiter, not every waiter. When this process's waiters
+are woken for all of a publish's messages, the other processes are not told
+of it (a woken waiter that leaves before it looks hands the news on, here or
+to them); otherwise they are told what is left, and each wakes its own. A
+waiter that leases a full batch wakes the next one (there may be more); one
+that finds nothing (another process was quicker) waits again in its place.
 
 Where the news comes from:
 * this process's own publishes, nacks, reprocessing and replays (after their
@@ -72,6 +75,14 @@ INTEREST_SECONDS = 15.0
 NEW_INTEREST_LOOKS = (0.05, 0.5)
 # A notification payload longer than this names no subscription: everyone looks.
 MAX_PAYLOAD_BYTES = 7000
+# A notification that could not be sent (the database was away) is sent again,
+# after this long at first, doubling up to the second figure.
+RESEND_SECONDS = (0.1, 2.0)
+# An empty look stands for the other streams of its subscription (known_empty)
+# for at most this long: then the next stream to wake looks again, whatever
+# news was or was not heard (one look per subscription and process, not one
+# per stream).
+KNOWN_EMPTY_SECONDS = 5.0
 
 
 # The hubs of the applications running in this process: the worker tells them
@@ -88,7 +99,7 @@ def begin_stopping_everywhere() -> None:
 class Waiter:
     """One waiting consumer: its event, its demand and (streams) the messages it holds."""
 
-    __slots__ = ("baton", "demand", "event", "held", "recheck")
+    __slots__ = ("baton", "demand", "event", "held", "owed", "recheck")
 
     def __init__(self, demand: int, held: dict[UUID, float] | None = None) -> None:
         self.demand = demand
@@ -98,10 +109,12 @@ class Waiter:
         # Woken without knowing how many messages there are: if it finds a full
         # batch, there may be more, and it wakes the next waiter (pass_on).
         self.baton = False
+        # Woken for news and not yet looked: leaving now, it hands the news on.
+        self.owed = False
 
 
 class _Queue:
-    __slots__ = ("due_handle", "empty_at", "floor", "news", "streams", "waiters")
+    __slots__ = ("due_handle", "empty_at", "empty_until", "floor", "news", "streams", "waiters")
 
     def __init__(self) -> None:
         self.waiters: dict[Waiter, None] = {}  # in arrival order
@@ -113,6 +126,7 @@ class _Queue:
         # while no news has come since, a stream need not look (known_empty).
         self.news = 0
         self.empty_at = -1
+        self.empty_until = 0.0  # loop time
 
 
 class WakeHub:
@@ -179,6 +193,9 @@ class WakeHub:
         if self._sender is not None:  # tell the others what is pending, briefly
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(self._sender), 1.0)
+            self._sender.cancel()  # still sending again to a database that is away
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sender
         await self.sender.close()
         await self.listener.stop()
 
@@ -196,6 +213,10 @@ class WakeHub:
             yield waiter
         finally:
             del queue.waiters[waiter]
+            # Woken for messages it will not look at now (its client left): the
+            # next waiter here looks instead, or the other processes do.
+            if waiter.owed and not self.stopping.is_set() and self.wake(subscription_id, None) > 0:
+                self._tell(subscription_id, 0)
             self._forget_if_idle(subscription_id, queue)
 
     async def subscription(self, subscription_id: str) -> Subscription:
@@ -250,26 +271,29 @@ class WakeHub:
                 queue.due_handle.cancel()
             del self._queues[subscription_id]
 
-    def wake(self, subscription_id: str, count: int | None) -> None:
+    def wake(self, subscription_id: str, count: int | None) -> int:
         """Messages may be deliverable: wake waiters, in order, until their demand covers `count`.
 
         None: unknown how many (one waiter looks, and passes it on if it finds
         a full batch); 0: only a due time changed (one waiter reads it).
+        Returns how much of that no waiter here was woken for (0: all of it).
         """
         queue = self._queues.get(subscription_id)
-        if queue is None:
-            return
-        queue.news += 1
         remaining = count if count else 1
+        if queue is None:
+            return remaining
+        queue.news += 1
         for waiter in queue.waiters:
             if waiter.demand <= 0 or waiter.event.is_set():
                 continue
             waiter.event.set()
             waiter.baton = count is None
+            waiter.owed = True
             self.wakeups += 1
             remaining -= waiter.demand
             if remaining <= 0:
                 break
+        return max(remaining, 0)
 
     def pass_on(self, subscription_id: str, waiter: Waiter) -> None:
         """`waiter` leased a full batch: if it was woken not knowing how many there were, the next looks."""
@@ -295,6 +319,7 @@ class WakeHub:
         queue = self._queues.get(subscription_id)
         if queue is not None and queue.news == mark:
             queue.empty_at = mark
+            queue.empty_until = asyncio.get_running_loop().time() + KNOWN_EMPTY_SECONDS
 
     def known_empty(self, subscription_id: str) -> bool:
         """A look that began after the last news leased nothing: looking again would find nothing either.
@@ -304,10 +329,15 @@ class WakeHub:
         process or by notification; a due time brings its timer), which wakes
         a waiter and ends this state. Thousands of streams on one subscription
         then cost one look per news, not one per stream: when they open, when
-        their keep-alives fall due, when a settlement makes room.
+        their keep-alives fall due, when a settlement makes room. The state
+        lasts KNOWN_EMPTY_SECONDS at most, in case some news never arrives.
         """
         queue = self._queues.get(subscription_id)
-        return queue is not None and queue.empty_at == queue.news
+        return (
+            queue is not None
+            and queue.empty_at == queue.news
+            and asyncio.get_running_loop().time() < queue.empty_until
+        )
 
     def note_leased(self, subscription_id: str) -> None:
         """A look leased messages: due-time waits start short again."""
@@ -348,8 +378,12 @@ class WakeHub:
         """`count` messages of a subscription became deliverable (0: a due time changed)."""
         if count:
             self.note_leased(subscription_id)  # news, not a due time: look at once
-        self.wake(subscription_id, count)
-        self._tell(subscription_id, count)
+        uncovered = self.wake(subscription_id, count)
+        if count and not uncovered:
+            # Waiters here were woken for all of them (one that leaves without
+            # looking hands it on, see waiter()): the others need not look.
+            return
+        self._tell(subscription_id, uncovered or count)
 
     def settled(self, subscription_id: str, ids: Iterable[UUID | str], count: int, streaming: bool) -> None:
         """This process acked, nacked or moved leases of `ids`: full streams holding them have room."""
@@ -423,7 +457,12 @@ class WakeHub:
             self._sender = asyncio.create_task(self._send(), name="fastpubsub-notify")
 
     async def _send(self) -> None:
-        """Send what is pending as one notification, then again at most every notify_interval."""
+        """Send what is pending as one notification, then again at most every notify_interval.
+
+        What could not be sent (the database is away) is sent again, with what
+        comes meanwhile, until it goes through.
+        """
+        resend = RESEND_SECONDS[0]
         while self._pending or self._declare_pending:
             pending, self._pending = self._pending, {}
             declared, self._declare_pending = self._declare_pending, set()
@@ -435,10 +474,15 @@ class WakeHub:
             try:
                 await self.sender.send(payload)
                 self.notifications_sent += 1
+                resend = RESEND_SECONDS[0]
             except FastPubSubError as exc:
-                # The others fall back on their due times and, once their
-                # listener notices, on looking every second.
-                log.warning("could not notify other processes: %s", one_line(exc))
+                log.warning("could not notify other processes (sending again): %s", one_line(exc))
+                for name, count in pending.items():
+                    self._pending[name] = self._pending.get(name, 0) + count
+                self._declare_pending |= declared
+                await asyncio.sleep(resend)
+                resend = min(resend * 2, RESEND_SECONDS[1])
+                continue
             await asyncio.sleep(self.notify_interval)
 
     # -- upkeep -------------------------------------------------------------------------------

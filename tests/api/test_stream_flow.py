@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from fastpubsub.api import delivery
+from fastpubsub.api import delivery, wakeups
 from tests.api.asgi import Exchange, count_queries
 
 BIG = 2**64 + 7
@@ -134,6 +134,27 @@ async def test_idle_streams_share_one_look_until_news_comes(
             task.cancel()
         assert [event["payload"] for event in received] == [{"n": 1}]  # one stream, once
         assert 1 <= ran.count("consume_events") <= 3  # the woken stream's look (and a second process's)
+    finally:
+        for sse in streams:
+            await sse.close()
+
+
+async def test_a_shared_empty_look_expires_and_one_stream_looks_again(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Should some news never arrive, the streams of a subscription still look: one of them, now and then."""
+    monkeypatch.setattr(delivery, "KEEPALIVE_SECONDS", 0.1)
+    monkeypatch.setattr(wakeups, "KNOWN_EMPTY_SECONDS", 0.5)
+    await setup(api)
+    streams = [
+        Exchange(api.app, "/subscriptions/s/stream", {"consumer_id": f"c{k}"})  # type: ignore[attr-defined]
+        for k in range(10)
+    ]
+    try:
+        await asyncio.sleep(0.7)
+        ran = count_queries(api, monkeypatch)
+        await asyncio.sleep(2.0)  # 10 streams x 20 keep-alives; the empty look expires 4 times
+        assert 2 <= ran.count("consume_events") <= 8, ran.count("consume_events")
     finally:
         for sse in streams:
             await sse.close()

@@ -10,7 +10,9 @@ import psycopg
 import pytest
 
 from fastpubsub.api import wakeups
+from fastpubsub.db.listener import NotificationSender
 from fastpubsub.db.urls import libpq_url
+from fastpubsub.embedded import free_port
 from tests.api.conftest import ClientFactory
 
 
@@ -160,3 +162,66 @@ async def test_only_subscriptions_someone_waits_on_elsewhere_cost_a_notification
     await a.post("/topics/t/messages", json=[{"n": 2}])  # only quiet now: nobody waits on it anywhere
     await asyncio.sleep(0.2)
     assert hubs[0].notifications_sent == sent + 1
+
+
+async def two_processes_waiting(make_api: ClientFactory) -> tuple[httpx.AsyncClient, httpx.AsyncClient]:
+    """Two server processes (as far as waking goes), each past the extra looks of a new interest."""
+    a, b = await make_api(), await make_api()
+    await setup(a)
+    for app in (a, b):
+        await asyncio.wait_for(app.app.state.hub.connected.wait(), 5)  # type: ignore[attr-defined]
+    return a, b
+
+
+async def test_a_publish_its_own_waiters_take_wakes_no_other_process(
+    make_api: ClientFactory, database_url: str
+) -> None:
+    a, b = await two_processes_waiting(make_api)
+    with psycopg.connect(libpq_url(database_url), autocommit=True) as listener:
+        listener.execute("LISTEN fastpubsub")
+        far, near = long_poll(b, "far"), long_poll(a, "near")
+        await settle_waiters(b, 1)
+        await settle_waiters(a, 1)
+        await asyncio.sleep(max(wakeups.NEW_INTEREST_LOOKS) + 0.1)
+        list(listener.notifies(timeout=0.2))  # the interests declared so far
+        await a.post("/topics/t/messages", json=[{"n": 1}])
+        (message,) = await asyncio.wait_for(near, 5)
+        assert message["payload"] == {"n": 1}
+        heard = [n.payload for n in listener.notifies(timeout=0.5)]
+        assert not far.done()  # b never looked: nothing was left for it
+    tag = a.app.state.hub.tag  # type: ignore[attr-defined]
+    assert [p for p in heard if p.startswith(f"@{tag}") and "s=" in p] == []
+    far.cancel()
+
+
+async def test_a_woken_waiter_that_leaves_before_looking_hands_the_news_on(make_api: ClientFactory) -> None:
+    a, b = await two_processes_waiting(make_api)
+    far = long_poll(b, "far")
+    await settle_waiters(b, 1)
+    await asyncio.sleep(max(wakeups.NEW_INTEREST_LOOKS) + 0.1)
+    hub = a.app.state.hub  # type: ignore[attr-defined]
+    with hub.waiter("s", 1) as silent:  # a waiter in a that will never look
+        await a.post("/topics/t/messages", json=[{"n": 1}])
+        assert silent.event.is_set()  # woken for the message
+        await asyncio.sleep(0.3)
+        assert not far.done()  # b was not told: a's waiter was to take it
+    # It left without looking: b hears of the message and takes it.
+    (message,) = await asyncio.wait_for(far, 5)
+    assert message["payload"] == {"n": 1}
+
+
+async def test_a_notification_that_could_not_be_sent_is_sent_again(make_api: ClientFactory) -> None:
+    a, b = await two_processes_waiting(make_api)
+    far = long_poll(b, "far")
+    await settle_waiters(b, 1)
+    await asyncio.sleep(max(wakeups.NEW_INTEREST_LOOKS) + 0.1)
+    hub = a.app.state.hub  # type: ignore[attr-defined]
+    working = hub.sender
+    # For a moment a's notifications go to a port on 127.0.0.1 where nothing listens.
+    hub.sender = NotificationSender(f"postgresql://postgres@127.0.0.1:{free_port()}/fastpubsub")
+    await a.post("/topics/t/messages", json=[{"n": 1}])
+    await asyncio.sleep(0.5)
+    assert not far.done()  # the notification did not go through
+    hub.sender = working
+    (message,) = await asyncio.wait_for(far, 5)  # it does once it can
+    assert message["payload"] == {"n": 1}
