@@ -194,11 +194,19 @@ async def test_a_publish_its_own_waiters_take_wakes_no_other_process(
     far.cancel()
 
 
-async def test_a_woken_waiter_that_leaves_before_looking_hands_the_news_on(make_api: ClientFactory) -> None:
+async def a_waiter_in_b(
+    make_api: ClientFactory,
+) -> tuple[httpx.AsyncClient, asyncio.Task[list[dict]]]:
+    """Two processes a and b, and a long-poll in b that has looked, found nothing and waits for news."""
     a, b = await two_processes_waiting(make_api)
     far = long_poll(b, "far")
     await settle_waiters(b, 1)
     await asyncio.sleep(max(wakeups.NEW_INTEREST_LOOKS) + 0.1)
+    return a, far
+
+
+async def test_a_woken_waiter_that_leaves_before_looking_hands_the_news_on(make_api: ClientFactory) -> None:
+    a, far = await a_waiter_in_b(make_api)
     hub = a.app.state.hub  # type: ignore[attr-defined]
     with hub.waiter("s", 1) as silent:  # a waiter in a that will never look
         await a.post("/topics/t/messages", json=[{"n": 1}])
@@ -211,10 +219,7 @@ async def test_a_woken_waiter_that_leaves_before_looking_hands_the_news_on(make_
 
 
 async def test_a_notification_that_could_not_be_sent_is_sent_again(make_api: ClientFactory) -> None:
-    a, b = await two_processes_waiting(make_api)
-    far = long_poll(b, "far")
-    await settle_waiters(b, 1)
-    await asyncio.sleep(max(wakeups.NEW_INTEREST_LOOKS) + 0.1)
+    a, far = await a_waiter_in_b(make_api)
     hub = a.app.state.hub  # type: ignore[attr-defined]
     working = hub.sender
     # For a moment a's notifications go to a port on 127.0.0.1 where nothing listens.
