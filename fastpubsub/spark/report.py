@@ -83,14 +83,29 @@ def range_predicates(column: str, boundaries: list[str]) -> list[str]:
     return clauses
 
 
-def key_predicates(column: str, keys: list[int], partitions: int) -> list[str]:
-    """Split sorted distinct integer `keys` into up to `partitions` contiguous groups of equal size."""
-    keys = sorted(set(keys))
-    parts = min(partitions, len(keys))
-    if parts <= 1:
+def id_predicates(columns: tuple[str, ...], lo: str | None, hi: str | None, partitions: int) -> list[str]:
+    """Split message ids [lo, hi] into up to `partitions` ranges, each on every one of `columns`.
+
+    Message ids lead with their time (UUIDv7), so equal ranges of their first
+    64 bits hold the messages of equal stretches of time. Naming the range on
+    both sides of a join (the delivery's message_id and the message's id) lets
+    PostgreSQL read only that slice of each: it carries equalities across a
+    join, never ranges.
+    """
+    if lo is None or hi is None or partitions <= 1:
         return []
-    boundaries = [str(keys[len(keys) * i // parts]) for i in range(1, parts)]
-    return range_predicates(column, boundaries)
+    first, last = (int(value.replace("-", "")[:16], 16) for value in (lo, hi))
+    if first >= last:
+        return []
+    span = last + 1 - first
+    boundaries = []
+    for i in range(1, partitions):
+        digits = f"{first + span * i // partitions:016x}{0:016x}"
+        boundaries.append(
+            f"'{digits[:8]}-{digits[8:12]}-{digits[12:16]}-{digits[16:20]}-{digits[20:]}'::uuid"
+        )
+    per_column = [range_predicates(column, boundaries) for column in columns]
+    return [" AND ".join(clauses) for clauses in zip(*per_column, strict=True)]
 
 
 def time_predicates(
@@ -112,16 +127,23 @@ class JdbcReader:
 
     # Every partition query runs in its own short read-committed transaction
     # (Spark turns autocommit off so that fetchsize streams with a cursor).
+    # Spark's tasks are the parallelism: no query starts parallel workers of
+    # its own, so a report keeps at most `partitions` backends of the database
+    # busy. Rows come in the binary format from the first statement on
+    # (prepareThreshold=-1), which spares both sides the text form of every
+    # timestamp.
     SESSION_INIT = (
         "SET TimeZone TO 'UTC'; "
         "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED; "
+        "SET max_parallel_workers_per_gather TO 0; "
         "SET application_name TO 'fastpubsub-report'"
     )
     # A partition query reads one slice of a table. Judged alone, a large slice
     # can look cheaper to the planner as a whole-table scan, and N partitions
     # would then read the table N times; so partition queries (and the bounds
-    # query) read through the index on their column: the primary key for
-    # deliveries, the BRIN indexes on messages.created_at and acked_at.
+    # query) read through the index on their column: the primary keys for
+    # deliveries' and messages' ids, the BRIN indexes on messages.created_at
+    # and acked_at.
     INDEXED_SESSION_INIT = SESSION_INIT + "; SET enable_seqscan TO off"
 
     def __init__(
@@ -144,6 +166,7 @@ class JdbcReader:
             "isolationLevel": "READ_COMMITTED",
             "sessionInitStatement": session_init.replace("fastpubsub-report", self.application_name),
             "pushDownPredicate": "true",
+            "prepareThreshold": "-1",
         }
 
     def query(self, sql: str, *, indexed: bool = False) -> DataFrame:
@@ -173,7 +196,14 @@ class JdbcReader:
 # older than the live part is still retained.
 PLAN_SQL = (
     "SELECT (extract(epoch FROM statement_timestamp()) * 1000000)::bigint AS now_us, "
-    "(SELECT string_agg(key::text, ',' ORDER BY key) FROM fastpubsub.subscriptions) AS subscription_keys, "
+    # The first and last message ids pending: one probe of the primary key per subscription each.
+    "(SELECT f.message_id::text FROM fastpubsub.subscriptions AS s, LATERAL (SELECT d.message_id "
+    " FROM fastpubsub.deliveries AS d WHERE d.subscription_key = s.key ORDER BY d.message_id LIMIT 1) AS f "
+    " ORDER BY f.message_id LIMIT 1) AS deliveries_lo, "
+    "(SELECT f.message_id::text FROM fastpubsub.subscriptions AS s, LATERAL (SELECT d.message_id "
+    " FROM fastpubsub.deliveries AS d WHERE d.subscription_key = s.key "
+    " ORDER BY d.message_id DESC LIMIT 1) AS f "
+    " ORDER BY f.message_id DESC LIMIT 1) AS deliveries_hi, "
     "(SELECT json_agg(json_build_array(s.key, s.id, s.topic_key, s.max_delivery_attempts) "
     " ORDER BY s.key)::text FROM fastpubsub.subscriptions AS s) AS subscriptions, "
     "(SELECT json_agg(json_build_array(t.key, t.id) ORDER BY t.key)::text "
@@ -207,12 +237,14 @@ ACKED_SQL = (
 # {as_of}: a lease that ran out with no attempt left is a dead letter (consume
 # moves it to the DLQ when it meets it), one with attempts left is backlog
 # again, and a retry whose backoff has ended is backlog; only retries still
-# waiting (and delayed messages) are `scheduled`. No seq column: it changes
-# whenever a delivery becomes available again, so it cannot split the reads
-# (a row could be read twice or missed); subscription_key never changes and
-# leads the primary key.
+# waiting (and delayed messages) are `scheduled`. The reads split on message
+# ids, which never change (seq does, whenever a delivery becomes available
+# again: a row could be read twice or missed), each partition naming its range
+# on the delivery and on the message (message_id, message_row_id), so that it
+# joins only its own slice of the messages.
 DELIVERIES_SQL = (
     "SELECT d.subscription_key, d.attempts, m.created_at, "
+    "d.message_id AS message_id, m.id AS message_row_id, "
     "CASE WHEN d.status = 'dlq' OR (d.status = 'available' AND d.lease_until <= {as_of} "
     "          AND d.attempts >= s.max_delivery_attempts) THEN 'dlq' "
     "     WHEN d.status = 'available' AND d.lease_until > {as_of} THEN 'in_flight' "
@@ -234,7 +266,6 @@ class ReadPlan:
 
 
 def plan_reads(plan_row: dict[str, Any], partitions: int) -> ReadPlan:
-    keys = [int(key) for key in (plan_row["subscription_keys"] or "").split(",") if key]
     return ReadPlan(
         messages=time_predicates(
             "created_at",
@@ -246,7 +277,9 @@ def plan_reads(plan_row: dict[str, Any], partitions: int) -> ReadPlan:
         acked=time_predicates(
             "acked_at", plan_row["acked_lo"], plan_row["acked_hi"], int(plan_row["acked_n"] or 0), partitions
         ),
-        deliveries=key_predicates("subscription_key", keys, partitions),
+        deliveries=id_predicates(
+            ("message_id", "message_row_id"), plan_row["deliveries_lo"], plan_row["deliveries_hi"], partitions
+        ),
     )
 
 
@@ -409,6 +442,11 @@ def _hour(column: str) -> Any:
     return F.date_trunc("hour", F.col(column)).alias("hour")
 
 
+# The groupings of acks one pass makes: per subscription (the subscriptions
+# report, with latency percentiles), per subscription and hour (topics_hourly),
+# per hour (latency_hourly, with percentiles).
+_ACK_GROUPINGS = ("subscription", "subscription_hour", "hour")
+
 # Delivery states and the report columns that count them.
 _STATES = (
     ("backlog", "backlog"),
@@ -421,16 +459,22 @@ _STATES = (
 def aggregate(data: dict[str, Any], since: datetime, until: datetime) -> dict[str, Any]:
     """Every large aggregation, collected: small pandas frames keyed by subscription, topic and hour.
 
-    Each table is read once; the acks, which three aggregations need, are
-    cached after that read. The rest of the report is assembled from these.
+    Each table is read once and aggregated as it is read, inside the tasks
+    that read it: with N partitions, N tasks read and aggregate side by side.
+    The acks feed three groupings (by subscription, by subscription and hour,
+    by hour), which one pass makes by sending every ack to each of them
+    (`_ACK_GROUPINGS`). The rest of the report is assembled from these.
     """
-    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     def lit(value: datetime) -> Any:
         return F.lit(value.astimezone(UTC).replace(tzinfo=None)).cast("timestamp")
 
     in_window = (F.col("created_at") >= lit(since)) & (F.col("created_at") < lit(until))
+    grouping = F.col("grouping")
+    by_subscription, by_hour = F.lit(_ACK_GROUPINGS[0]), F.lit(_ACK_GROUPINGS[2])
+    window = F.col("latency_s").isNotNull()
+    before_until = F.col("before_until")
     acked = (
         data["acked"]
         .select(
@@ -441,44 +485,72 @@ def aggregate(data: dict[str, Any], since: datetime, until: datetime) -> dict[st
             F.when(in_window, (F.unix_micros("acked_at") - F.unix_micros("created_at")) / 1e6).alias(
                 "latency_s"
             ),
+            F.explode(F.array(*(F.lit(name) for name in _ACK_GROUPINGS))).alias("grouping"),
         )
-        .persist(StorageLevel.MEMORY_AND_DISK)
+        .groupBy(
+            "grouping",
+            F.when(grouping != by_hour, F.col("subscription_key")).alias("subscription_key"),
+            F.when(grouping != by_subscription, F.col("hour")).alias("hour"),
+        )
+        .agg(
+            F.count(F.lit(1)).alias("rows"),
+            F.count(F.when(window, 1)).alias("acked"),
+            F.count(F.when(window & (F.col("attempts") >= 1), 1)).alias("acked_delivered"),
+            F.count(F.when(window & (F.col("attempts") > 1), 1)).alias("acked_redelivered"),
+            F.count(F.when(before_until, 1)).alias("acked_before_until"),
+            F.count(F.when(window & before_until, 1)).alias("acked_in_window_before_until"),
+            # Percentiles only where a report shows them: the other grouping feeds them nothing.
+            _percentiles(
+                F.when(grouping == by_subscription, F.col("latency_s")).when(
+                    (grouping == by_hour) & before_until, F.col("latency_s")
+                )
+            ),
+        )
     )
-    try:
-        frames = {"acked_rows": acked.count()}
-        window = F.col("latency_s").isNotNull()
-        frames["acked_by_subscription"] = _collect(
-            acked.where(window)
-            .groupBy("subscription_key")
-            .agg(
-                F.count(F.lit(1)).alias("acked"),
-                F.count(F.when(F.col("attempts") >= 1, 1)).alias("acked_delivered"),
-                F.count(F.when(F.col("attempts") > 1, 1)).alias("acked_redelivered"),
-                _percentiles("latency_s"),
-            )
-        )
-        frames["acked_hourly"] = _collect(
-            acked.where("before_until")
-            .groupBy("subscription_key", "hour")
-            .agg(F.count(F.lit(1)).alias("deliveries_acked"))
-        )
-        frames["latency_hourly"] = _collect(
-            acked.where(window & F.col("before_until"))
-            .groupBy("hour")
-            .agg(F.count(F.lit(1)).alias("deliveries_acked"), _percentiles("latency_s"))
-        )
-    finally:
-        acked.unpersist()
-    pending_window = in_window
+    groups = _collect(acked)
+
+    def rows_of(name: str, counted: str, keys: list[str], *more: str) -> Any:
+        """One grouping's groups that counted something, `counted` named deliveries_acked where it shows."""
+        rows = groups[(groups["grouping"] == name) & (groups[counted] > 0)][[*keys, counted, *more]]
+        if "subscription_key" in keys:
+            rows = rows.astype({"subscription_key": "int64"})
+        return rows.reset_index(drop=True)
+
+    by_subscription_rows = groups[groups["grouping"] == _ACK_GROUPINGS[0]]
+    return {
+        "acked_rows": int(by_subscription_rows["rows"].sum()),
+        "acked_by_subscription": rows_of(
+            _ACK_GROUPINGS[0],
+            "acked",
+            ["subscription_key"],
+            "acked_delivered",
+            "acked_redelivered",
+            "percentiles",
+        ),
+        "acked_hourly": rows_of(_ACK_GROUPINGS[1], "acked_before_until", ["subscription_key", "hour"]).rename(
+            columns={"acked_before_until": "deliveries_acked"}
+        ),
+        "latency_hourly": rows_of(
+            _ACK_GROUPINGS[2], "acked_in_window_before_until", ["hour"], "percentiles"
+        ).rename(columns={"acked_in_window_before_until": "deliveries_acked"}),
+        **_aggregate_tables(data, in_window),
+    }
+
+
+def _aggregate_tables(data: dict[str, Any], in_window: Any) -> dict[str, Any]:
+    """The pending deliveries per subscription and the messages per topic and hour."""
+    from pyspark.sql import functions as F
+
+    frames = {}
     frames["pending"] = _collect(
         data["deliveries"]
         .groupBy("subscription_key")
         .agg(
             *(F.count(F.when(F.col("state") == name, 1)).alias(column) for name, column in _STATES),
-            F.count(F.when(pending_window, 1)).alias("routed_pending"),
-            F.count(F.when(pending_window & (F.col("attempts") >= 1), 1)).alias("delivered_pending"),
-            F.count(F.when(pending_window & (F.col("attempts") > 1), 1)).alias("redelivered_pending"),
-            F.count(F.when(pending_window & (F.col("state") == "dlq"), 1)).alias("dead_lettered"),
+            F.count(F.when(in_window, 1)).alias("routed_pending"),
+            F.count(F.when(in_window & (F.col("attempts") >= 1), 1)).alias("delivered_pending"),
+            F.count(F.when(in_window & (F.col("attempts") > 1), 1)).alias("redelivered_pending"),
+            F.count(F.when(in_window & (F.col("state") == "dlq"), 1)).alias("dead_lettered"),
             F.min(F.when(F.col("state") == "backlog", F.col("created_at"))).alias("oldest_available_at"),
         )
     )

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import random
 import re
 import subprocess
 import sys
+import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -249,31 +251,43 @@ def test_a_spark_submit_start_failure_is_one_line(tmp_path: Path) -> None:
     assert "TopSecret99" not in process.stdout + process.stderr
 
 
-def test_key_predicates_share_subscriptions_out_in_ranges() -> None:
+def test_id_predicates_split_message_ids_evenly_on_every_column() -> None:
     from fastpubsub.spark import report as job
 
-    assert job.key_predicates("k", [5, 1, 4, 2, 3, 3], 3) == ["k < 2", "k >= 2 AND k < 4", "k >= 4"]
-    assert job.key_predicates("k", [1, 2], 8) == ["k < 2", "k >= 2"]  # never more than the keys
-    assert job.key_predicates("k", [7], 4) == []  # one partition: no predicate at all
-    assert job.key_predicates("k", [], 4) == []
-    assert job.key_predicates("k", [1, 2, 3], 1) == []
+    lo, hi = "00000000-0000-7000-8000-000000000000", "00000000-0000-7300-ffff-ffffffffffff"
+    one, two = "'00000000-0000-7100-0000-000000000000'::uuid", "'00000000-0000-7200-0000-000000000000'::uuid"
+    assert job.id_predicates(("a", "b"), lo, hi, 3) == [
+        f"a < {one} AND b < {one}",
+        f"a >= {one} AND a < {two} AND b >= {one} AND b < {two}",
+        f"a >= {two} AND b >= {two}",
+    ]
+    assert job.id_predicates(("a",), lo, lo, 4) == []  # one id: one partition
+    assert job.id_predicates(("a",), lo, hi, 1) == []
+    assert job.id_predicates(("a",), None, None, 4) == []  # nothing pending
 
 
-def test_every_value_falls_in_exactly_one_range() -> None:
+def test_every_message_id_falls_in_exactly_one_range() -> None:
     from fastpubsub.spark import report as job
 
-    clauses = job.key_predicates("k", list(range(10, 30)), 4)
+    earliest, latest = uuid.UUID(int=(0x019A << 112) | (7 << 76)), uuid.UUID(int=(0x01A3 << 112) | (7 << 76))
+    clauses = job.id_predicates(("d.message_id",), str(earliest), str(latest), 4)
     assert len(clauses) == 4
     ranges = []
     for clause in clauses:
-        lower = re.search(r"k >= (\d+)", clause)
-        upper = re.search(r"k < (\d+)", clause)
-        ranges.append((int(lower.group(1)) if lower else None, int(upper.group(1)) if upper else None))
+        lower = re.search(r"d.message_id >= '([0-9a-f-]+)'::uuid", clause)
+        upper = re.search(r"d.message_id < '([0-9a-f-]+)'::uuid", clause)
+        ranges.append(
+            (uuid.UUID(lower.group(1)) if lower else None, uuid.UUID(upper.group(1)) if upper else None)
+        )
     assert ranges[0][0] is None  # open below
     assert ranges[-1][1] is None  # open above
-    for k in range(40):  # below, inside and above the keys it was planned with
-        inside = [r for r in ranges if (r[0] is None or k >= r[0]) and (r[1] is None or k < r[1])]
-        assert len(inside) == 1, (k, inside)
+    assert all(low < high for low, high in ranges[1:-1])
+    # PostgreSQL orders uuids by their bytes, as Python orders their integers.
+    inside_and_out = [uuid.UUID(int=random.getrandbits(128)) for _ in range(2000)]
+    inside_and_out += [earliest, latest, *[bound for pair in ranges for bound in pair if bound is not None]]
+    for value in inside_and_out:
+        holding = [r for r in ranges if (r[0] is None or value >= r[0]) and (r[1] is None or value < r[1])]
+        assert len(holding) == 1, (value, holding)
 
 
 def test_time_predicates_split_the_window_evenly() -> None:

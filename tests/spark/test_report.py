@@ -277,20 +277,24 @@ def test_partition_count_and_fetchsize_reach_the_jdbc_options(reads: dict[str, A
     for name, column in (
         ("messages", "created_at"),
         ("acked", "acked_at"),
-        ("deliveries", "subscription_key"),
+        ("deliveries", "message_id"),
     ):
         relation = jdbc_relation(reads[name])
         options = relation.jdbcOptions()
         assert options.fetchSize() == FETCHSIZE, name
         clauses = [part.whereClause() for part in relation.parts()]
-        # 16 messages, 17 acks and 4 subscriptions: PARTITIONS slices of each.
+        # 16 messages, 17 acks and the pending deliveries: PARTITIONS slices of each.
         assert len(clauses) == reads[name].rdd.getNumPartitions() == PARTITIONS, name
         assert clauses == getattr(result.plan, name) == getattr(reads["plan"], name), name
         assert all(column in clause for clause in clauses), name
         assert "enable_seqscan TO off" in options.sessionInitStatement().get()
         assert options.isolationLevel() == 2  # java.sql.Connection.TRANSACTION_READ_COMMITTED
-    # deliveries: split on the immutable subscription_key, never on seq
+    # deliveries: split on the immutable message id (on both sides of the join), never on seq
     assert "seq" not in jdbc_relation(reads["deliveries"]).jdbcOptions().tableOrQuery()
+    # ... and each partition joins only its own slice of the messages
+    assert all(
+        "message_row_id >=" in clause or "message_row_id <" in clause for clause in result.plan.deliveries
+    )
 
 
 def explain(database_url: str, session_init: str, statement: str) -> str:
@@ -304,18 +308,18 @@ def explain(database_url: str, session_init: str, statement: str) -> str:
 def test_every_partition_query_reads_through_an_index(reads: dict[str, Any], module_database: str) -> None:
     """EXPLAIN each query Spark sends for a partition: an index range, never a whole-table scan."""
     indexes = {
-        "messages": "messages_created_at_brin",
-        "acked": "acked_deliveries_acked_at_brin",
-        "deliveries": "deliveries_pkey",
+        "messages": ["messages_created_at_brin"],
+        "acked": ["acked_deliveries_acked_at_brin"],
+        "deliveries": ["deliveries_pkey", "messages_pkey"],
     }
-    for name, index in indexes.items():
+    for name, names in indexes.items():
         relation = jdbc_relation(reads[name])
         options = relation.jdbcOptions()
         for part in relation.parts():
             statement = f"SELECT * FROM {options.tableOrQuery()} WHERE {part.whereClause()}"
             plan = explain(module_database, options.sessionInitStatement().get(), statement)
             assert "Seq Scan" not in plan, (statement, plan)
-            assert index in plan, (statement, plan)
+            assert all(index in plan for index in names), (statement, plan)
 
 
 def test_the_bounds_query_reads_through_indexes(result: Any, module_database: str) -> None:
