@@ -327,6 +327,12 @@ def spark_conf(master: str, driver: JdbcDriver | None, *, shuffle_partitions: in
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         # Archive partitions are named date=YYYY-MM-DD/topic=ID: a topic named 2024 stays text.
         "spark.sql.sources.partitionColumnTypeInference.enabled": "false",
+        # The report's one pass over the acks groups them per subscription, per
+        # subscription and hour, and per hour at once (with percentiles): over a
+        # week that is hundreds of groups, past the 128 after which Spark would
+        # sort every row instead of hashing it (7 days of 700,000 acks: 3.4 s
+        # instead of 3.0 s).
+        "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "4096",
     }
     if is_loopback(master):
         # Everything on this machine: nothing listens beyond the loopback address.

@@ -220,6 +220,9 @@ def test_spark_conf_for_local_and_cluster(tmp_path: Path) -> None:
     cluster = helpers.spark_conf("spark://master:7077", driver)
     assert "spark.ui.enabled" not in cluster
     assert cluster["spark.ui.showConsoleProgress"] == "false"
+    # a week of acks per subscription and hour, with percentiles, is hashed, not sorted, wherever it runs
+    for conf in (local, cluster):
+        assert int(conf["spark.sql.objectHashAggregate.sortBased.fallbackThreshold"]) >= 24 * 7 * 20
 
 
 SUBMIT_SCRIPT = Path(__file__).resolve().parents[2] / "spark" / "report.py"
