@@ -254,6 +254,16 @@ def test_a_spark_submit_start_failure_is_one_line(tmp_path: Path) -> None:
     assert "TopSecret99" not in process.stdout + process.stderr
 
 
+def test_rows_come_binary_unless_the_url_says_otherwise() -> None:
+    from fastpubsub.spark import report as job
+
+    base = "jdbc:postgresql://127.0.0.1:5432/db"
+    assert job.binary_rows(base) == f"{base}?prepareThreshold=-1"
+    assert job.binary_rows(f"{base}?sslmode=require") == f"{base}?sslmode=require&prepareThreshold=-1"
+    for own in (f"{base}?prepareThreshold=5", f"{base}?sslmode=require&PREPARETHRESHOLD=0"):
+        assert job.binary_rows(own) == own
+
+
 def test_id_predicates_split_message_ids_evenly_on_every_column() -> None:
     from fastpubsub.spark import report as job
 

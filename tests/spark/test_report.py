@@ -288,6 +288,9 @@ def test_partition_count_and_fetchsize_reach_the_jdbc_options(reads: dict[str, A
         assert clauses == getattr(result.plan, name) == getattr(reads["plan"], name), name
         assert all(column in clause for clause in clauses), name
         assert "enable_seqscan TO off" in options.sessionInitStatement().get()
+        # Spark's tasks are the parallelism, and rows come in the binary format
+        assert "max_parallel_workers_per_gather TO 0" in options.sessionInitStatement().get()
+        assert options.url().endswith("prepareThreshold=-1")  # in the URL: the driver reads its case
         assert options.isolationLevel() == 2  # java.sql.Connection.TRANSACTION_READ_COMMITTED
     # deliveries: split on the immutable message id (on both sides of the join), never on seq
     assert "seq" not in jdbc_relation(reads["deliveries"]).jdbcOptions().tableOrQuery()
