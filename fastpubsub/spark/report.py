@@ -13,6 +13,7 @@ command line. `fastpubsub report` calls run_report. See docs/reporting.md.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import sys
 import time
@@ -24,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 from fastpubsub.spark import launch
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Iterator
+
     from pyspark.sql import DataFrame, SparkSession
 
 PERCENTILES = (0.5, 0.95, 0.99)
@@ -574,6 +577,32 @@ def _aggregate_tables(data: dict[str, Any], in_window: Any) -> dict[str, Any]:
     return frames
 
 
+@contextlib.contextmanager
+def _small_aggregates(spark: SparkSession, partitions: int) -> Iterator[None]:
+    """Spark settings for aggregations whose results are small, restored afterwards.
+
+    Every aggregate of the report fits in a few hundred rows: adaptive query
+    execution would re-plan each of them after its shuffle (a job of its own)
+    to merge shuffle partitions that are tiny anyway, so it is off, and there
+    are as many shuffle partitions as JDBC partitions.
+    """
+    settings = {
+        "spark.sql.adaptive.enabled": "false",
+        "spark.sql.shuffle.partitions": str(max(1, partitions)),
+    }
+    saved = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, before in saved.items():
+            if before is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, before)
+
+
 # pandas dtypes for Spark's, so that an empty aggregate still merges with the others.
 _DTYPES = {
     "LongType": "int64",
@@ -964,7 +993,8 @@ def run_report(
             else ""
         ),
     )
-    aggregates = aggregate(data, since, until)
+    with _small_aggregates(spark, partitions):
+        aggregates = aggregate(data, since, until)
     read = time.monotonic()
     frames = assemble(aggregates, data["names"], data["as_of"])
     pending = int(sum(aggregates["pending"][column].sum() for _, column in _STATES))

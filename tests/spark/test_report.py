@@ -466,3 +466,16 @@ def test_an_empty_database_gives_empty_reports(spark: Any, database_url: str, tm
     assert "Published: 0 messages" in empty.summary
     for name in FILES:
         assert (tmp_path / name).is_file(), name
+
+
+def test_the_small_aggregates_settings_hold_only_while_the_report_aggregates(spark: Any) -> None:
+    from fastpubsub.spark import report as job
+
+    spark.conf.set("spark.sql.shuffle.partitions", "8")
+    spark.conf.unset("spark.sql.adaptive.enabled")
+    adaptive = spark.conf.get("spark.sql.adaptive.enabled")
+    with job._small_aggregates(spark, 3):
+        assert spark.conf.get("spark.sql.adaptive.enabled") == "false"
+        assert spark.conf.get("spark.sql.shuffle.partitions") == "3"
+    assert spark.conf.get("spark.sql.shuffle.partitions") == "8"
+    assert spark.conf.get("spark.sql.adaptive.enabled") == adaptive
