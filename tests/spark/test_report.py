@@ -323,6 +323,7 @@ def test_every_partition_query_reads_through_an_index(reads: dict[str, Any], mod
             plan = explain(module_database, options.sessionInitStatement().get(), statement)
             assert "Seq Scan" not in plan, (statement, plan)
             assert all(index in plan for index in names), (statement, plan)
+            assert "JIT:" not in plan, (statement, plan)  # PostgreSQL 14-17 built with LLVM
 
 
 def test_the_bounds_query_reads_through_indexes(result: Any, module_database: str) -> None:
@@ -331,7 +332,9 @@ def test_the_bounds_query_reads_through_indexes(result: Any, module_database: st
     window = f"created_at >= {job._ts(result.since)} AND created_at < {job._ts(result.until)}"
     statement = job.PLAN_SQL.format(live_window=window, live_from=job._ts(result.since))
     plan = explain(module_database, job.JdbcReader.INDEXED_SESSION_INIT, statement)
-    assert "Seq Scan" not in plan, plan
+    # (the small subscriptions and topics tables are read whole: a scan is all there is)
+    assert not re.search(r"Seq Scan on (messages|acked_deliveries|deliveries)\b", plan), plan
+    assert "JIT:" not in plan, plan  # a switched-off scan costs 10^10 before PostgreSQL 18
     assert "messages_created_at_brin" in plan
     assert "acked_deliveries_acked_at_brin" in plan
 
