@@ -181,10 +181,9 @@ class Delivery:
             _client_watch(receive, waiter.event) as gone,
         ):
             while True:
-                waiter.event.clear()
                 if gone.is_set() or hub.stopping.is_set():
-                    return 0, "[]"
-                waiter.owed = False
+                    return 0, "[]"  # left without looking: what it was owed goes on (hub.waiter)
+                waiter.looking()
                 leased, data, due = await self.consumes.submit((subscription_id, consumer_id, batch_size))
                 if leased:
                     hub.note_leased(subscription_id)
@@ -336,8 +335,7 @@ class Delivery:
             window.waiter = waiter
             try:
                 while not hub.stopping.is_set():
-                    waiter.event.clear()
-                    waiter.owed = False
+                    waiter.looking()
                     now = loop.time()
                     for message_id in [m for m, ends in held.items() if ends <= now]:
                         del held[message_id]  # its lease ran out: room again (it may come back)

@@ -112,6 +112,11 @@ class Waiter:
         # Woken for news and not yet looked: leaving now, it hands the news on.
         self.owed = False
 
+    def looking(self) -> None:
+        """It is about to look: the wake-up, and the news it was owed, are taken."""
+        self.event.clear()
+        self.owed = False
+
 
 class _Queue:
     __slots__ = ("due_handle", "empty_at", "empty_until", "floor", "news", "streams", "waiters")
