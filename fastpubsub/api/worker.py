@@ -37,6 +37,8 @@ from fastpubsub.settings import get_settings
 
 logger = logging.getLogger("fastpubsub.server")
 
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
 YIELD_SECONDS = 0.002
 MAX_YIELDS = 5
 SLOTS = 128  # workers beyond this many accept freely
@@ -217,7 +219,31 @@ class SharingServer(Server):
         await super().shutdown(sockets=sockets)
 
 
+def stop_with_parent(parent: int) -> None:
+    """Have the kernel send this process SIGTERM when `parent` exits (Linux; elsewhere nothing).
+
+    A worker polls for its master too (SharingServer.on_tick), but only once it
+    serves: one still importing or starting up when the master is killed would
+    otherwise finish starting, then notice. The signal reaches it at any stage:
+    before the server runs, SIGTERM ends the process at once; after, it is the
+    server's graceful stop.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):  # no prctl here: on_tick still notices
+        return
+    if os.getppid() != parent:  # it went before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 class Worker(UvicornWorker):  # type: ignore[misc]  # uvicorn-worker has no type information
+    def init_process(self) -> None:
+        stop_with_parent(self.ppid)
+        super().init_process()
+
     async def _serve(self) -> None:
         self.config.app = self.wsgi
         self.config.timeout_graceful_shutdown = math.ceil(get_settings().api_graceful_seconds)
