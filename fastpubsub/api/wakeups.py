@@ -83,6 +83,9 @@ RESEND_SECONDS = (0.1, 2.0)
 # news was or was not heard (one look per subscription and process, not one
 # per stream).
 KNOWN_EMPTY_SECONDS = 5.0
+# The stream renewing an expired empty look answers for the others for at most
+# this long (if its look fails, another stream looks after that).
+RENEWAL_SECONDS = 1.0
 
 
 # The hubs of the applications running in this process: the worker tells them
@@ -315,9 +318,18 @@ class WakeHub:
                 waiter.event.set()
 
     def look_began(self, subscription_id: str) -> int:
-        """A look at `subscription_id` is about to begin: its mark for `found_nothing`."""
+        """A look at `subscription_id` is about to begin: its mark for `found_nothing`.
+
+        When it renews an empty look that has expired (no news since), the
+        other streams wait for its answer (up to RENEWAL_SECONDS) rather than
+        look too: one look per subscription and process, however long it takes.
+        """
         queue = self._queues.get(subscription_id)
-        return queue.news if queue is not None else -1
+        if queue is None:
+            return -1
+        if queue.empty_at == queue.news:
+            queue.empty_until = asyncio.get_running_loop().time() + RENEWAL_SECONDS
+        return queue.news
 
     def found_nothing(self, subscription_id: str, mark: int) -> None:
         """The look that began at `mark` leased nothing: without news since, nothing is deliverable here."""
@@ -349,6 +361,7 @@ class WakeHub:
         queue = self._queues.get(subscription_id)
         if queue is not None:
             queue.floor = DUE_SLACK_SECONDS
+            queue.empty_at = -1  # not empty after all (news that never came): every stream may look
 
     def note_due(self, subscription_id: str, due: float | None) -> None:
         """A look leased nothing and the database said what is next due (None: nothing pending)."""

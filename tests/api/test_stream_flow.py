@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 
 import httpx
@@ -155,6 +156,38 @@ async def test_a_shared_empty_look_expires_and_one_stream_looks_again(
         ran = count_queries(api, monkeypatch)
         await asyncio.sleep(2.0)  # 10 streams x 20 keep-alives; the empty look expires 4 times
         assert 2 <= ran.count("consume_events") <= 8, ran.count("consume_events")
+    finally:
+        for sse in streams:
+            await sse.close()
+
+
+async def test_a_slow_renewal_of_an_empty_look_is_still_one_look(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While one stream renews an expired empty look, the others wait for its answer, however slow."""
+    monkeypatch.setattr(delivery, "KEEPALIVE_SECONDS", 0.1)
+    monkeypatch.setattr(wakeups, "KNOWN_EMPTY_SECONDS", 0.5)
+    await setup(api)
+    streams = [
+        Exchange(api.app, "/subscriptions/s/stream", {"consumer_id": f"c{k}"})  # type: ignore[attr-defined]
+        for k in range(10)
+    ]
+    try:
+        await asyncio.sleep(0.7)
+        database = api.app.state.database  # type: ignore[attr-defined]
+        real = database._rows
+        looks: list[float] = []
+
+        async def slow(query: str, /, **params: object) -> object:
+            if query == "consume_events":  # a busy database: each look takes 0.4 s
+                looks.append(asyncio.get_running_loop().time())
+                await asyncio.sleep(0.4)
+            return await real(query, **params)
+
+        monkeypatch.setattr(database, "_rows", slow)
+        await asyncio.sleep(2.0)  # every stream's keep-alive falls due 4 times in each slow look
+        assert 1 <= len(looks) <= 4, looks
+        assert all(later - earlier >= 0.4 for earlier, later in itertools.pairwise(looks)), looks
     finally:
         for sse in streams:
             await sse.close()
