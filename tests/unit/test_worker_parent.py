@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -35,6 +36,7 @@ PARENT = textwrap.dedent(
 
 def test_a_child_is_stopped_when_its_parent_is_killed() -> None:
     parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
+    child: psutil.Process | None = None
     try:
         assert parent.stdout is not None
         child = psutil.Process(int(parent.stdout.readline()))
@@ -47,8 +49,9 @@ def test_a_child_is_stopped_when_its_parent_is_killed() -> None:
         parent.wait(10)
         if parent.stdout is not None:
             parent.stdout.close()
-        for process in psutil.Process().children(recursive=True):
-            process.kill()
+        if child is not None:  # only this test's own processes
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
 
 
 def test_a_child_whose_parent_has_already_gone_stops_at_once() -> None:
