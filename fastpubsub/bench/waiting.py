@@ -162,8 +162,17 @@ def _stream_client(
     slot: int,
     stop: Any,
     pipe: Any,
+    ready: Any,
+    go: Any,
 ) -> None:
-    """A process: one stream (`drain`: SSE or WebSocket) acking in batches; sends back ids and CPU time."""
+    """A process: one stream (`drain`: SSE or WebSocket) acking in batches; sends back ids and CPU time.
+
+    It says it is ready once started (its imports done) and opens its stream
+    when told to go: the streams then start together, and no client's start-up
+    competes with the others' draining for the machine's cores.
+    """
+    ready.release()
+    go.wait()
     cpu = time.process_time()
     ids: list[str] = []
     asyncio.run(drain(url, token, subscription, consumer, max_in_flight, ack_batch, counter, slot, stop, ids))
@@ -332,6 +341,8 @@ async def _drain_in_processes(
     context = multiprocessing.get_context("spawn")
     counter = context.RawArray("q", streams)
     stop = context.Event()
+    ready = context.Semaphore(0)
+    go = context.Event()
     pipes, processes = [], []
     for slot in range(streams):
         parent, child = context.Pipe()
@@ -349,12 +360,18 @@ async def _drain_in_processes(
                 slot,
                 stop,
                 child,
+                ready,
+                go,
             ),
             daemon=True,
         )
         process.start()
         pipes.append(parent)
         processes.append(process)
+    for _ in processes:
+        if not await asyncio.to_thread(ready.acquire, True, limit_seconds):
+            break  # a process that never started: measure what the others do
+    go.set()
     started = time.monotonic()
     reported = 0
     first = None

@@ -264,7 +264,7 @@ def test_bench_all_runs_every_phase_and_its_exit_status_is_the_verdict(
         assert figures[key] > 0, key
     # Two rounds of each phase on each side; the figure is their median.
     assert figures["rounds"] == 2
-    for key in ("publish_sql", "publish_http", "consume_ack_sql", "consume_ack_http"):
+    for key in ("publish_sql", "publish_http", "consume_ack_sql", "consume_ack_http", "stream"):
         rounds = figures[f"{key}_rounds"]
         assert len(rounds) == 2, key
         assert min(rounds) <= figures[f"{key}_msgs_per_s"] <= max(rounds), key

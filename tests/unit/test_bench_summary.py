@@ -57,7 +57,7 @@ def results(**changes: Any) -> dict[str, Any]:
         "consume_ack_one": wrk(36_000),
         "consume_ack_one_acked": 18_000,  # 1,800 msg/s: 0.36x
         "long_polls": long_polls(),
-        "streams": consumed("stream consume+ack", 4),  # 37,500 msg/s against a 30,000 ceiling
+        "streams": [consumed("stream consume+ack", 4)] * 3,  # 37,500 msg/s against a 30,000 ceiling
         "e2e_fast": Result("end-to-end fast", 20_000, 10, {"p50_ms": 4.0, "p99_ms": 20.0}),
         "idle_streams": idle(),
         "sql_publish": [Result("publish (SQL ceiling)", 300_000, 10, {"client_busy": 0.2})] * 3,
@@ -105,6 +105,12 @@ def test_throughputs_are_the_medians_of_the_rounds() -> None:
     assert figures["publish_http_msgs_per_s"] == 24_000
     assert figures["publish_ratio"] == 0.8
 
+    streams = [consumed("stream consume+ack", seconds) for seconds in (10, 4, 5)]
+    figures = summary(results(streams=streams), Options())
+    assert figures["stream_rounds"] == [15_000, 37_500, 30_000]
+    assert figures["stream_msgs_per_s"] == 30_000
+    assert figures["stream_ratio"] == 1.0  # the median over the consume ceiling's median
+
 
 def test_a_subscription_not_drained_is_reported_and_fails_the_run() -> None:
     leftover = consumed("consume+ack (HTTP)", 6, metrics={"acked": 149_990, "delivered": 10})
@@ -142,8 +148,10 @@ def test_a_subscription_not_drained_is_reported_and_fails_the_run() -> None:
         {"long_polls": long_polls(extra_transactions_per_publish=9.0)},
         {"long_polls": long_polls(delivered_share=0.9)},
         {"long_polls": long_polls(publish_p50_ms=7.0)},  # +2.5 ms
-        {"streams": consumed("s", 8)},  # 62% of the consume ceiling
-        {"streams": consumed("s", 4, duplicates=1)},
+        {"streams": [consumed("s", 8)] * 3},  # 62% of the consume ceiling
+        {"streams": [consumed("s", 4), consumed("s", 8), consumed("s", 8)]},  # the median misses
+        {"streams": [consumed("s", 4), consumed("s", 4, duplicates=1), consumed("s", 4)]},
+        {"streams": [consumed("s", 4), consumed("s", 4, metrics={"available": 5}), consumed("s", 4)]},
         {"e2e_fast": Result("e", 20_000, 10, {"p50_ms": 6.0, "p99_ms": 20.0})},
         {"e2e_fast": Result("e", 20_000, 10, {"p50_ms": 4.0, "p99_ms": 30.0})},
         {"e2e_fast": Result("e", 10_000, 10, {"p50_ms": 4.0, "p99_ms": 20.0})},  # 1,000 of 2,000 msg/s
