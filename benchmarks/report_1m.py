@@ -87,6 +87,16 @@ def median(values: list[float]) -> float:
     return sorted(values)[len(values) // 2]
 
 
+def cpu_ticks() -> tuple[int, int] | None:
+    """The machine's busy and idle clock ticks so far (Linux /proc/stat; None elsewhere)."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + fields[4]  # idle, iowait
+    return sum(fields[:8]) - idle, idle
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default=os.environ.get("FASTPUBSUB_DATABASE_URL"))
@@ -129,13 +139,20 @@ def main() -> None:
         now = datetime.now(UTC)
         since, until = now - timedelta(hours=24), now
 
+        busy: dict[int, list[float]] = {1: [], 4: []}
+
         def report(partitions: int, name: str) -> float:
+            before = cpu_ticks()
             started = time.monotonic()
             job.run_report(spark, target, out / name, since=since, until=until, partitions=partitions)
-            return time.monotonic() - started
+            seconds = time.monotonic() - started
+            if before is not None and (after := cpu_ticks()) is not None and partitions in busy:
+                busy[partitions].append((after[0] - before[0]) / os.sysconf("SC_CLK_TCK") / seconds)
+            return seconds
 
         # A whole run first, so that no timed run pays for class loading and JIT alone.
         report(4, "warmup")
+        busy[4].clear()
         timings: dict[int, list[float]] = {1: [], 4: []}
         for round_ in range(args.rounds):
             # Side by side, the one that goes first alternating.
@@ -162,6 +179,11 @@ def main() -> None:
             f"1 partition {one:.1f}s, 4 partitions {four:.1f}s ({four / one:.2f}x); "
             f"archive 1 partition {archive_seconds[1]:.1f}s, 4 partitions {archive_seconds[4]:.1f}s"
         )
+        if busy[1] and busy[4]:
+            print(
+                f"cores busy during a report (median): 1 partition {median(busy[1]):.2f}, "
+                f"4 partitions {median(busy[4]):.2f}, of {os.cpu_count()}"
+            )
         print(
             json.dumps(
                 {
@@ -169,6 +191,11 @@ def main() -> None:
                     "master": args.master,
                     "report_seconds": timings,
                     "report_ratio": round(four / one, 3),
+                    # How many of the machine's cores were busy during each report (all
+                    # processes: PostgreSQL, the JVM, Python): where one partition keeps
+                    # them all busy already, more partitions have no idle core to use.
+                    "busy_cores": {k: [round(v, 2) for v in values] for k, values in busy.items()},
+                    "cores": os.cpu_count(),
                     "archive_seconds": archive_seconds,
                 }
             )
