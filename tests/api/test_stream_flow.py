@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -140,10 +142,10 @@ async def test_idle_streams_share_one_look_until_news_comes(
             await sse.close()
 
 
-async def test_a_shared_empty_look_expires_and_one_stream_looks_again(
-    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Should some news never arrive, the streams of a subscription still look: one of them, now and then."""
+@contextlib.asynccontextmanager
+async def chatty_idle_streams(api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[None]:
+    """Ten idle streams whose keep-alives fall due every 0.1 s, an empty look standing for 0.5 s;
+    entered once their first looks are done."""
     monkeypatch.setattr(delivery, "KEEPALIVE_SECONDS", 0.1)
     monkeypatch.setattr(wakeups, "KNOWN_EMPTY_SECONDS", 0.5)
     await setup(api)
@@ -153,27 +155,27 @@ async def test_a_shared_empty_look_expires_and_one_stream_looks_again(
     ]
     try:
         await asyncio.sleep(0.7)
-        ran = count_queries(api, monkeypatch)
-        await asyncio.sleep(2.0)  # 10 streams x 20 keep-alives; the empty look expires 4 times
-        assert 2 <= ran.count("consume_events") <= 8, ran.count("consume_events")
+        yield
     finally:
         for sse in streams:
             await sse.close()
+
+
+async def test_a_shared_empty_look_expires_and_one_stream_looks_again(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Should some news never arrive, the streams of a subscription still look: one of them, now and then."""
+    async with chatty_idle_streams(api, monkeypatch):
+        ran = count_queries(api, monkeypatch)
+        await asyncio.sleep(2.0)  # 10 streams x 20 keep-alives; the empty look expires 4 times
+        assert 2 <= ran.count("consume_events") <= 8, ran.count("consume_events")
 
 
 async def test_a_slow_renewal_of_an_empty_look_is_still_one_look(
     api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """While one stream renews an expired empty look, the others wait for its answer, however slow."""
-    monkeypatch.setattr(delivery, "KEEPALIVE_SECONDS", 0.1)
-    monkeypatch.setattr(wakeups, "KNOWN_EMPTY_SECONDS", 0.5)
-    await setup(api)
-    streams = [
-        Exchange(api.app, "/subscriptions/s/stream", {"consumer_id": f"c{k}"})  # type: ignore[attr-defined]
-        for k in range(10)
-    ]
-    try:
-        await asyncio.sleep(0.7)
+    async with chatty_idle_streams(api, monkeypatch):
         database = api.app.state.database  # type: ignore[attr-defined]
         real = database._rows
         looks: list[float] = []
@@ -188,6 +190,3 @@ async def test_a_slow_renewal_of_an_empty_look_is_still_one_look(
         await asyncio.sleep(2.0)  # every stream's keep-alive falls due 4 times in each slow look
         assert 1 <= len(looks) <= 4, looks
         assert all(later - earlier >= 0.4 for earlier, later in itertools.pairwise(looks)), looks
-    finally:
-        for sse in streams:
-            await sse.close()
