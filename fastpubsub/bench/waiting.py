@@ -368,9 +368,12 @@ async def _drain_in_processes(
         process.start()
         pipes.append(parent)
         processes.append(process)
-    for _ in processes:
-        if not await asyncio.to_thread(ready.acquire, True, limit_seconds):
-            break  # a process that never started: measure what the others do
+    ready_count, deadline = 0, time.monotonic() + limit_seconds
+    while ready_count < streams and time.monotonic() < deadline:
+        if await asyncio.to_thread(ready.acquire, True, 0.5):
+            ready_count += 1
+        elif ready_count >= sum(process.is_alive() for process in processes):
+            break  # the others ended before they were ready: go with those that are
     go.set()
     started = time.monotonic()
     reported = 0

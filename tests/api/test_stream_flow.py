@@ -125,8 +125,15 @@ async def test_idle_streams_share_one_look_until_news_comes(
         for k in range(1, 30):
             params = {"consumer_id": f"c{k}"}
             streams.append(Exchange(api.app, "/subscriptions/s/stream", params))  # type: ignore[attr-defined]
-        await asyncio.sleep(1.0)  # 30 streams, 3 keep-alives each
-        assert all(b": keep-alive\n\n" in sse.comments() for sse in streams)
+        # Every stream sends keep-alives (the first after 0.3 s of silence) and none looks: the
+        # first stream's empty look, about 0.6 s old, still stands (for 5 s).
+        kept_alive: set[int] = set()
+        for _ in range(60):  # up to 3 s, on a busy machine
+            kept_alive.update(k for k, sse in enumerate(streams) if b": keep-alive\n\n" in sse.comments())
+            if len(kept_alive) == len(streams):
+                break
+            await asyncio.sleep(0.05)
+        assert len(kept_alive) == len(streams)
         assert ran.count("consume_events") == 0  # the first stream's empty look still stands
         await api.post("/topics/t/messages", json=[{"n": 1}])
         waiting = [asyncio.create_task(sse.next_event(within=5)) for sse in streams]
