@@ -186,7 +186,13 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "SPARK_LOG_DIR": str(folder),
     }
     spark_class = str(home / "bin" / "spark-class")
-    port, ui = free_port(), free_port()
+    # Four distinct ports: free_port() may name one twice before anything binds it, and a
+    # worker's page on the master's UI port would answer the checks below with HTML.
+    ports: list[int] = []
+    while len(ports) < 4:
+        if (candidate := free_port()) not in ports:
+            ports.append(candidate)
+    port, ui, *worker_uis = ports
     url = f"spark://127.0.0.1:{port}"
     master = ["org.apache.spark.deploy.master.Master", "--port", str(port), "--webui-port", str(ui)]
     worker = [
@@ -202,7 +208,7 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     commands = [
         [spark_class, *master, "--host", "127.0.0.1"],
         *(
-            [spark_class, *worker, *("--webui-port", str(free_port()), "--work-dir", str(folder / f"w{n}"))]
+            [spark_class, *worker, *("--webui-port", str(worker_uis[n]), "--work-dir", str(folder / f"w{n}"))]
             for n in range(2)
         ),
     ]
@@ -218,7 +224,7 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=2) as answer:
                     return int(json.load(answer).get("aliveworkers", 0)) == 2
-            except OSError:
+            except (OSError, ValueError):  # not up yet; or, while it starts, a page of HTML instead
                 return False
 
         wait_until(workers_alive, 180, "two workers registered with the master")
