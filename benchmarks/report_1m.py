@@ -87,14 +87,13 @@ def median(values: list[float]) -> float:
     return sorted(values)[len(values) // 2]
 
 
-def cpu_ticks() -> tuple[int, int] | None:
-    """The machine's busy and idle clock ticks so far (Linux /proc/stat; None elsewhere)."""
+def busy_ticks() -> int | None:
+    """The machine's clock ticks spent busy so far, all cores (Linux /proc/stat; None elsewhere)."""
     try:
         fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     except (OSError, ValueError):
         return None
-    idle = fields[3] + fields[4]  # idle, iowait
-    return sum(fields[:8]) - idle, idle
+    return sum(fields[:8]) - fields[3] - fields[4]  # all but idle and iowait
 
 
 def main() -> None:
@@ -142,12 +141,12 @@ def main() -> None:
         busy: dict[int, list[float]] = {1: [], 4: []}
 
         def report(partitions: int, name: str) -> float:
-            before = cpu_ticks()
+            before = busy_ticks()
             started = time.monotonic()
             job.run_report(spark, target, out / name, since=since, until=until, partitions=partitions)
             seconds = time.monotonic() - started
-            if before is not None and (after := cpu_ticks()) is not None and partitions in busy:
-                busy[partitions].append((after[0] - before[0]) / os.sysconf("SC_CLK_TCK") / seconds)
+            if before is not None and (after := busy_ticks()) is not None:
+                busy[partitions].append((after - before) / os.sysconf("SC_CLK_TCK") / seconds)
             return seconds
 
         # A whole run first, so that no timed run pays for class loading and JIT alone.
