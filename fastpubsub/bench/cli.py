@@ -327,19 +327,32 @@ def bench_e2e(
     rate: Annotated[float, typer.Option(min=1, help="Messages per second")] = 100,
     seconds: Seconds = 15,
     payload_bytes: PayloadBytes = 230,
+    consumer: Annotated[
+        str, typer.Option(help="How the consumer receives: long-poll or stream (SSE)")
+    ] = "long-poll",
 ) -> None:
-    """Publish at a fixed rate; a long-polling consumer reports latency percentiles."""
-    from fastpubsub.bench import suite, workloads
+    """Publish one message per request at a fixed rate (wrk); a consumer reports latency percentiles."""
+    from fastpubsub.bench import suite, workloads, wrk
+
+    if consumer not in workloads.E2E_CONSUMERS:
+        typer.echo(f"error: --consumer must be one of {', '.join(workloads.E2E_CONSUMERS)}", err=True)
+        raise typer.Exit(2)
+    try:
+        wrk.find_wrk()
+    except wrk.WrkMissing as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
 
     async def run() -> workloads.Result:
         return await suite.phase(
-            f"end-to-end at {rate:g} msg/s",
+            f"end-to-end at {rate:g} msg/s, {consumer}",
             int(rate * seconds),
             lambda p: workloads.http_end_to_end(
                 suite.connector(url, token),
                 rate=rate,
                 seconds=seconds,
                 payload_bytes=payload_bytes,
+                consumer=consumer,
                 progress=p,
             ),
         )

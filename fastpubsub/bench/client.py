@@ -33,9 +33,14 @@ class Connection:
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or 80
         self.prefix = parts.path.rstrip("/")
+        self.token = token
         self.auth = f"Authorization: Bearer {token}\r\n".encode() if token else b""
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}{self.prefix}"
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if self._reader is None or self._writer is None or self._writer.is_closing():

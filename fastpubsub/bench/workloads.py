@@ -12,12 +12,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import copy
 import math
-import multiprocessing
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,8 +23,8 @@ import orjson
 import psycopg
 from psycopg.rows import dict_row
 
-from fastpubsub.bench import ceiling
-from fastpubsub.bench.client import Connection
+from fastpubsub.bench import ceiling, wrk
+from fastpubsub.bench.client import Connection, HttpError
 from fastpubsub.db.queries import text_array
 from fastpubsub.sql.source import driver_queries
 
@@ -203,44 +201,8 @@ async def http_consume(
     return Result("consume+ack (HTTP)", total, elapsed, {"duplicates": duplicates, "distinct": len(seen)})
 
 
-def _e2e_publisher(*args: Any) -> None:
-    """A process running _e2e_publish: its own event loop, nothing else to do."""
-    asyncio.run(_e2e_publish(*args))
-
-
-async def _e2e_publish(
-    template: Connection,
-    path: str,
-    rate: float,
-    first: int,
-    step: int,
-    expected: int,
-    payload_bytes: int,
-    start: float,
-) -> None:
-    """Publish messages first, first+step, ..., each at its time after `start`, stamped when sent."""
-    # Several connections: one sends a request at a time, and at thousands a
-    # second the next would be due before the last is answered. Each lane
-    # keeps its pace while answers take up to 25 ms (a lane whose answer comes
-    # later sends its next request at once), so the rate asked is the rate
-    # sent unless the server is slower than that.
-    lanes = max(1, math.ceil(rate / step / 40))
-    interval = 1 / rate
-
-    async def lane(k: int) -> None:
-        writer = copy.copy(template)
-        try:
-            for seq in range(first + k * step, expected, lanes * step):
-                delay = start + seq * interval - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                message = payload(seq, payload_bytes)
-                message["sent"] = time.perf_counter()  # CLOCK_MONOTONIC: the same clock in every process
-                await writer.post(path, orjson.dumps([message]), expect=204)
-        finally:
-            writer.close()
-
-    await asyncio.gather(*(lane(k) for k in range(lanes)))
+# Consumers the end-to-end workload can use: a long-poll loop or one stream.
+E2E_CONSUMERS = ("long-poll", "stream")
 
 
 async def http_end_to_end(
@@ -249,31 +211,46 @@ async def http_end_to_end(
     rate: float,
     seconds: float,
     payload_bytes: int,
+    consumer: str = "long-poll",
     progress: Progress | None = None,
 ) -> Result:
-    """Publish one message every 1/rate s; a long-polling consumer measures publish -> receipt.
+    """Publish one message per request every 1/rate s; a consumer measures publish -> receipt.
 
-    The publishers run in processes of their own (one per 1,000 msg/s), so the
-    consumer's process does nothing but consume: at thousands of messages a
-    second, publishing from its event loop would delay its reads and show up
-    as latency that is the generator's, not the server's.
+    The publisher is wrk (see wrk.paced_publish_script): compiled, paced, and
+    stamping each message with the time its request is made, so the figures
+    are the server's and not a Python generator's (which at thousands of
+    requests a second would take a good part of a small machine's CPU). Its
+    own figures are the publish requests' latency. The consumer, in this
+    process, long-polls (`consumer="long-poll"`) or holds one SSE stream
+    (`"stream"`), and acks on a connection of its own, one request at a time
+    carrying whatever has been received meanwhile, as the SDK's Subscriber
+    does: the next look does not wait for the last batch's ack.
     """
+    if consumer not in E2E_CONSUMERS:
+        raise ValueError(f"consumer must be one of {', '.join(E2E_CONSUMERS)}")
     topic = unique("bench-e2e")
     subscription = f"{topic}-s"
-    setup, reader = connect(), connect()
+    setup, reader, acker = connect(), connect(), connect()
     await http_setup(setup, topic, [(subscription, None)])
     setup.close()
     latencies: list[float] = []
     expected = int(rate * seconds)
     path = f"/subscriptions/{subscription}"
-
-    # Acks go out on a connection of their own, one request at a time carrying
-    # whatever has been received meanwhile, as the SDK's Subscriber sends them:
-    # the next long-poll does not wait for the last batch's ack.
-    acker = connect()
     unacked: list[str] = []
     wake = asyncio.Event()
     finished = False
+    received_all = asyncio.Event()
+
+    def received(messages: list[dict[str, Any]], now: float) -> None:
+        for message in messages:
+            latencies.append(now - message["payload"]["sent"])
+            unacked.append(message["id"])
+        if messages:
+            wake.set()
+            if progress is not None:
+                progress(len(messages))
+        if len(latencies) >= expected:
+            received_all.set()
 
     async def ack_as_received() -> None:
         while unacked or not finished:
@@ -285,55 +262,65 @@ async def http_end_to_end(
             unacked.clear()
             await acker.post(f"{path}/acks", orjson.dumps(ids), expect=204)
 
-    async def consumer() -> None:
-        nonlocal finished
-        received = 0
+    async def long_poll() -> None:
         params = {"consumer_id": "e2e", "batch_size": 100, "wait_seconds": 5}
+        while not received_all.is_set():
+            messages = orjson.loads(await reader.get(f"{path}/messages", params=params))["data"]
+            received(messages, time.perf_counter())
+
+    async def stream() -> None:
+        async for messages in stream_messages(reader, f"{path}/stream?consumer_id=e2e&max_in_flight=1000"):
+            received(messages, time.perf_counter())
+            if received_all.is_set():
+                return
+
+    async def consume() -> None:
+        nonlocal finished
         acking = asyncio.create_task(ack_as_received())
         try:
-            while received < expected:
-                messages = orjson.loads(await reader.get(f"{path}/messages", params=params))["data"]
-                now = time.perf_counter()
-                for message in messages:
-                    latencies.append(now - message["payload"]["sent"])
-                received += len(messages)
-                if messages:
-                    if progress is not None:
-                        progress(len(messages))
-                    unacked.extend(m["id"] for m in messages)
-                    wake.set()
+            await (long_poll() if consumer == "long-poll" else stream())
         finally:
             finished = True
             wake.set()
             await acking
 
-    context = multiprocessing.get_context("spawn")
-    processes = max(1, math.ceil(rate / 1000))
-    listening = asyncio.create_task(consumer())
-    start = time.perf_counter() + 2  # the publishers have started and the consumer waits
-    publishers = [
-        context.Process(
-            target=_e2e_publisher,
-            args=(connect(), f"/topics/{topic}/messages", rate, k, processes, expected, payload_bytes, start),
-            daemon=True,
+    start = time.perf_counter() + 1  # the consumer is waiting by then
+    threads = 2
+    fields = orjson.dumps({k: v for k, v in payload(0, payload_bytes).items() if k != "order_id"})[1:-1]
+    stop = asyncio.Event()
+    publishing = asyncio.create_task(
+        wrk.run(
+            reader.base_url,
+            f"/topics/{topic}/messages",
+            # Enough connections to keep the pace while answers take up to 25 ms.
+            connections=max(threads, math.ceil(rate / 40)),
+            threads=threads,
+            seconds=1 + seconds + 60,  # a bound: stopped once everything is received
+            script=wrk.paced_publish_script(
+                f"/topics/{topic}/messages",
+                rate=rate,
+                total=expected,
+                start=start,
+                threads=threads,
+                fields=fields.decode(),
+            ),
+            token=reader.token,
+            stop=stop,
         )
-        for k in range(processes)
-    ]
-    for each in publishers:
-        each.start()
+    )
     try:
-        await asyncio.wait_for(listening, timeout=seconds + 30)
+        await asyncio.wait_for(consume(), timeout=1 + seconds + 30)
+        elapsed = time.perf_counter() - start
+        await asyncio.sleep(0.2)  # the last publishes' answers are on their way to wrk
     finally:
+        stop.set()
+        published = await publishing
         reader.close()
         acker.close()
-        for each in publishers:
-            await asyncio.to_thread(each.join, 10)
-            if each.is_alive():
-                each.kill()
-    failed = [each.exitcode for each in publishers if each.exitcode]
-    if failed:
-        raise RuntimeError(f"an end-to-end publisher process failed (exit {failed})")
-    elapsed = time.perf_counter() - start
+    if published.errors or published.non_2xx:
+        raise RuntimeError(
+            f"end-to-end publishes failed: {published.errors} errors, {published.non_2xx} answers not 2xx"
+        )
     ordered = sorted(latencies)
 
     def percentile(p: float) -> float:
@@ -344,9 +331,52 @@ async def http_end_to_end(
         "p90_ms": percentile(90),
         "p99_ms": percentile(99),
         "max_ms": ordered[-1] * 1000,
-        "publisher_processes": processes,
+        "publish_p50_ms": published.p50_ms,
+        "publish_p99_ms": published.p99_ms,
+        "wrk_cpu_share": published.cpu_share,
     }
-    return Result(f"end-to-end at {rate:g} msg/s (HTTP, long-poll)", len(latencies), elapsed, extra)
+    return Result(f"end-to-end at {rate:g} msg/s (HTTP, {consumer})", len(latencies), elapsed, extra)
+
+
+async def stream_messages(connection: Connection, target: str) -> AsyncIterator[list[dict[str, Any]]]:
+    """The messages of an SSE stream, as they come (a list per read), on a connection of its own.
+
+    The response's chunked transfer encoding is undone first, so an event
+    split across chunks is read whole; comments (keep-alives) are skipped.
+    """
+    reader, writer = await asyncio.open_connection(connection.host, connection.port, limit=2**22)
+    try:
+        writer.write(
+            f"GET {connection.prefix}{target} HTTP/1.1\r\nHost: {connection.host}\r\n".encode()
+            + connection.auth
+            + b"\r\n"
+        )
+        status = await reader.readline()
+        if b" 200 " not in status:
+            raise HttpError(f"{target} answered {status.decode(errors='replace').strip()!r}")
+        while (await reader.readline()) not in (b"\r\n", b""):
+            pass  # the rest of the head
+        raw, text, ended = b"", b"", False
+        while not ended and (chunk := await reader.read(1 << 20)):
+            raw += chunk
+            while not ended and (eol := raw.find(b"\r\n")) >= 0:
+                size = int(raw[:eol].split(b";", 1)[0], 16)
+                if len(raw) < eol + 2 + size + 2:
+                    break
+                text += raw[eol + 2 : eol + 2 + size]
+                raw = raw[eol + 2 + size + 2 :]
+                ended = size == 0  # the last chunk: the server ended the stream
+            *events, text = text.split(b"\n\n")
+            messages = [
+                orjson.loads(line[6:])
+                for event in events
+                for line in event.split(b"\n")
+                if line.startswith(b"data: ")
+            ]
+            if messages:
+                yield messages
+    finally:
+        writer.close()
 
 
 # -- checking a drained subscription ---------------------------------------------------

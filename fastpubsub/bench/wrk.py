@@ -11,9 +11,11 @@ through a Lua `done` hook that prints one JSON line.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import resource
 import shutil
+import signal
 import tempfile
 import time
 from dataclasses import dataclass
@@ -75,6 +77,60 @@ end
 """
 
 
+def paced_publish_script(
+    path: str, *, rate: float, total: int, start: float, threads: int, fields: str
+) -> str:
+    """POST message 0..total-1 to `path`, one per request, message n due at start + n / rate.
+
+    `start` is on CLOCK_MONOTONIC, the clock of Python's time.perf_counter()
+    on Linux; each message is {"order_id": n, "sent": <that clock when the
+    request was made>, <fields>} (fields: JSON members without braces), so a
+    consumer in another process can tell how long each message took. Thread t
+    of `threads` sends messages t, t + threads, ...: wrk asks `delay` before
+    each request, which books the thread's next message for the connection
+    and waits until it is due (LuaJIT's ffi reads the clock); a connection
+    whose message is late goes at once. Once every message is booked the
+    connections wait, until wrk is stopped (SIGINT: it reports as usual).
+    """
+    return f"""
+local ffi = require("ffi")
+ffi.cdef[[
+typedef struct {{ long tv_sec; long tv_nsec; }} fastpubsub_timespec;
+int clock_gettime(int clock_id, fastpubsub_timespec *tp);
+]]
+local clock = ffi.new("fastpubsub_timespec")
+local function now()
+  ffi.C.clock_gettime(1, clock)  -- CLOCK_MONOTONIC
+  return tonumber(clock.tv_sec) + tonumber(clock.tv_nsec) / 1e9
+end
+local RATE, START, TOTAL, STEP = {float(rate)!r}, {float(start)!r}, {int(total)}, {int(threads)}
+local PATH, FIELDS = {_lua(path)}, {_lua(fields)}
+local json = {{["Content-Type"] = "application/json"}}
+local set_up = 0
+setup = function(thread)
+  thread:set("first", set_up)
+  set_up = set_up + 1
+end
+local booked, due = nil, {{}}
+delay = function()
+  booked = booked or first
+  if booked >= TOTAL then
+    return 3600000
+  end
+  table.insert(due, booked)
+  local wait = (START + booked / RATE - now()) * 1000
+  booked = booked + STEP
+  return wait > 0 and math.floor(wait) or 0
+end
+request = function()
+  -- wrk also makes one request when it checks the script, and does not send it
+  local n = table.remove(due, 1) or booked or first or 0
+  return wrk.format("POST", PATH, json,
+    '[{{"order_id":' .. n .. ',"sent":' .. string.format("%.6f", now()) .. ',' .. FIELDS .. '}}]')
+end
+"""
+
+
 def _lua(text: str) -> str:
     """A Lua string literal."""
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
@@ -117,8 +173,13 @@ async def run(
     script: str = "",
     threads: int = 2,
     token: str | None = None,
+    stop: asyncio.Event | None = None,
 ) -> WrkResult:
-    """Run wrk against url+path; `script` sets the requests (default: GET path)."""
+    """Run wrk against url+path; `script` sets the requests (default: GET path).
+
+    It runs for `seconds`, or until `stop` is set: then it gets SIGINT, which
+    wrk takes as its time being up (it reports what it did so far).
+    """
     binary = find_wrk()
     with tempfile.NamedTemporaryFile("w", suffix=".lua", prefix="fastpubsub-wrk-", delete=False) as lua:
         lua.write(script + _REPORT)
@@ -140,7 +201,21 @@ async def run(
         process = await asyncio.create_subprocess_exec(
             *args, url.rstrip("/") + path, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
         )
-        out, err = await process.communicate()
+        finishing = asyncio.ensure_future(process.communicate())
+        try:
+            if stop is not None:
+                stopping = asyncio.ensure_future(stop.wait())
+                await asyncio.wait({finishing, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                stopping.cancel()
+                if not finishing.done():
+                    process.send_signal(signal.SIGINT)
+            out, err = await finishing
+        finally:
+            if process.returncode is None:  # cancelled: no wrk left behind
+                finishing.cancel()
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                await process.wait()
     finally:
         os.unlink(lua.name)
     wall = time.monotonic() - started

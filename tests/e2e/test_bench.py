@@ -52,9 +52,28 @@ def test_publish_consume_and_end_to_end_over_http(server: Server) -> None:
     assert (consumed["acked"], consumed["available"], consumed["delivered"]) == (3000, 0, 0)
     assert consumed["problems"] == []
 
-    e2e = bench("e2e", "--url", server.url, "--seconds", "2", "--rate", "50")
-    assert e2e["messages"] >= 90  # about 100 published in 2 s, every one received
+
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="no wrk on PATH (apt-get install wrk)")
+@pytest.mark.parametrize("consumer", ["long-poll", "stream"])
+def test_end_to_end_publishes_from_wrk_and_receives_every_message(server: Server, consumer: str) -> None:
+    e2e = bench("e2e", "--url", server.url, "--seconds", "2", "--rate", "50", "--consumer", consumer)
+    assert e2e["workload"] == f"end-to-end at 50 msg/s (HTTP, {consumer})"
+    assert e2e["messages"] == 100  # 50 msg/s for 2 s, every one received
+    assert 40 <= e2e["msgs_per_s"] <= 55  # type: ignore[operator]  # at the pace asked for
     assert 0 < e2e["p50_ms"] <= e2e["p99_ms"] < 2000  # type: ignore[operator]
+    assert 0 < e2e["publish_p50_ms"] <= e2e["publish_p99_ms"]  # type: ignore[operator]  # wrk's own figures
+
+
+def test_end_to_end_refuses_an_unknown_consumer(server: Server) -> None:
+    result = subprocess.run(
+        [FASTPUBSUB, "bench", "e2e", "--url", server.url, "--consumer", "pigeon"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "--consumer must be one of long-poll, stream" in result.stderr
 
 
 def test_push_websocket_and_stream_drains_report_their_rates_and_check_themselves(
@@ -272,7 +291,6 @@ def test_bench_all_runs_every_phase_and_its_exit_status_is_the_verdict(
     assert figures["consume_duplicates"] == 0
     assert figures["consume_problems"] == []
     assert 0 <= figures["sql_client_busy"] <= 1
-    assert 0 < figures["e2e_p50_ms"] <= figures["e2e_p99_ms"]
     parts = figures["wal_publish"] + figures["wal_consume"] + figures["wal_ack"]
     assert abs(figures["wal_bytes_per_message"] - parts) <= 2  # each figure is rounded on its own
     # A given database's configuration is left alone: the backend's own WAL is counted.
@@ -286,7 +304,13 @@ def test_bench_all_runs_every_phase_and_its_exit_status_is_the_verdict(
     assert figures["long_poll_waiters"] == 20
     assert figures["long_poll_delivered_share"] > 0
     assert figures["stream_msgs_per_s"] > 0
-    assert 0 < figures["e2e_fast_p50_ms"] <= figures["e2e_fast_p99_ms"]
+    # End to end: 2 rates, each with a long-polling and a streaming consumer.
+    for key in ("e2e", "e2e_stream", "e2e_fast", "e2e_fast_stream"):
+        assert 0 < figures[f"{key}_p50_ms"] <= figures[f"{key}_p99_ms"], key
+        assert 0 < figures[f"{key}_publish_p50_ms"] <= figures[f"{key}_publish_p99_ms"], key
+        assert figures[f"{key}_reached_msgs_per_s"] > 0, key
+    assert figures["e2e_stream_consumer"] == figures["e2e_fast_stream_consumer"] == "stream"
+    assert figures["e2e_consumer"] == figures["e2e_fast_consumer"] == "long-poll"
     assert figures["idle_streams"] == 200
     # With --url the server is not this run's: its memory is not measured.
     assert figures["idle_streams_server_rss_mib"] == 0
