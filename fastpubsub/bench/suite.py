@@ -275,38 +275,46 @@ async def run_all(
 async def one_message_per_request(
     results: dict[str, Any], url: str, token: str | None, client: workloads.Connect, db_url: str, o: Options
 ) -> None:
-    """What HTTP alone costs (the floor), then publish and consume+ack with one message per request."""
+    """What HTTP alone costs (the floor), then publish and consume+ack with one message per request.
+
+    In `o.rounds` rounds, the three side by side in each: a list of results for each.
+    """
     seconds, connections = o.http_seconds, o.http_connections
-    with progress_bar(f"HTTP floor: GET /liveness, {connections} connections", None):
-        results["floor"] = await wrk.run(
-            url, "/liveness", connections=connections, seconds=seconds, token=token
-        )
-    console.print(f"  HTTP floor: {results['floor'].rate:,.0f} requests/s")
     topic = workloads.unique("bench-one")
     await asyncio.to_thread(workloads.sql_setup, db_url, topic, workloads.fan_out(topic))
     script = wrk.publish_script(f"/topics/{topic}/messages", workloads.batch_body(1, o.payload_bytes))
-    with progress_bar(f"publish, 1 message per request, {connections} connections", None):
-        results["publish_one"] = await wrk.run(
-            url, "/", connections=connections, seconds=seconds, script=script, token=token
-        )
-    console.print(f"  publish, one per request: {results['publish_one'].rate:,.0f} msg/s")
-    # A backlog that outlasts the phase: wrk leases one message, acks it, leases the next.
-    backlog = int(max(results["publish_one"].rate, 2000) * seconds)
-    with progress_bar(f"filling a backlog of {backlog:,}", None):
-        subscription = await fill_subscription(db_url, backlog, o.payload_bytes, "bench-one-con")
-    with progress_bar(f"consume+ack, 1 message per request, {connections} connections", None):
-        result = await wrk.run(
-            url,
-            "/",
-            connections=connections,
-            seconds=seconds,
-            script=wrk.consume_ack_script(subscription, "wrk"),
-            token=token,
-        )
-    metrics = await asyncio.to_thread(workloads.sql_metrics, db_url, subscription)
-    results["consume_ack_one"] = result
-    results["consume_ack_one_acked"] = metrics["acked"]
-    console.print(f"  consume+ack, one per request: {metrics['acked'] / result.seconds:,.0f} msg/s")
+    for key in ("floor", "publish_one", "consume_ack_one", "consume_ack_one_acked"):
+        results[key] = []
+    for round_ in range(1, o.rounds + 1):
+        with progress_bar(f"HTTP floor: GET /liveness, {connections} connections, round {round_}", None):
+            floor = await wrk.run(url, "/liveness", connections=connections, seconds=seconds, token=token)
+        console.print(f"  HTTP floor: {floor.rate:,.0f} requests/s")
+        with progress_bar(f"publish, 1 message per request, {connections} connections, round {round_}", None):
+            published = await wrk.run(
+                url, "/", connections=connections, seconds=seconds, script=script, token=token
+            )
+        console.print(f"  publish, one per request: {published.rate:,.0f} msg/s")
+        # A backlog that outlasts the phase: wrk leases one message, acks it, leases the next.
+        backlog = int(max(published.rate, 2000) * seconds)
+        with progress_bar(f"filling a backlog of {backlog:,}", None):
+            subscription = await fill_subscription(db_url, backlog, o.payload_bytes, "bench-one-con")
+        with progress_bar(
+            f"consume+ack, 1 message per request, {connections} connections, round {round_}", None
+        ):
+            consumed = await wrk.run(
+                url,
+                "/",
+                connections=connections,
+                seconds=seconds,
+                script=wrk.consume_ack_script(subscription, "wrk"),
+                token=token,
+            )
+        acked = (await asyncio.to_thread(workloads.sql_metrics, db_url, subscription))["acked"]
+        console.print(f"  consume+ack, one per request: {acked / consumed.seconds:,.0f} msg/s")
+        results["floor"].append(floor)
+        results["publish_one"].append(published)
+        results["consume_ack_one"].append(consumed)
+        results["consume_ack_one_acked"].append(acked)
 
 
 async def many_waiting(
@@ -529,7 +537,14 @@ def summary(results: dict[str, Any], o: Options) -> dict[str, Any]:
     sql_pub, http_pub = results["sql_publish"], results["http_publish"]
     sql_con, http_con = results["sql_consume"], results["http_consume"]
     backlog, wal = results["backlog"], results["wal"]
-    floor, one, one_con = results["floor"], results["publish_one"], results["consume_ack_one"]
+    floors, ones, one_cons = results["floor"], results["publish_one"], results["consume_ack_one"]
+    floor_rate = statistics.median(r.rate for r in floors)
+    one_rate = statistics.median(r.rate for r in ones)
+    one = sorted(ones, key=lambda r: r.rate)[len(ones) // 2]  # a median round: its latency
+    con_rates = [
+        acked / r.seconds for acked, r in zip(results["consume_ack_one_acked"], one_cons, strict=True)
+    ]
+    con_rate = statistics.median(con_rates)
     polls, streams, idle = results["long_polls"], results["streams"], results["idle_streams"]
     consumed = sql_con + http_con + streams
     problems = [
@@ -565,16 +580,19 @@ def summary(results: dict[str, Any], o: Options) -> dict[str, Any]:
         "wal_fpi": wal.extra["fpi"],
         "wal_method": wal.extra["method"],
         "payload_bytes": o.payload_bytes,
-        "http_floor_requests_per_s": round(floor.rate),
-        "publish_one_msgs_per_s": round(one.rate),
-        "publish_one_ratio": round(one.rate / floor.rate, 3),
+        "http_floor_requests_per_s": round(floor_rate),
+        "http_floor_rounds": [round(r.rate) for r in floors],
+        "publish_one_msgs_per_s": round(one_rate),
+        "publish_one_ratio": round(one_rate / floor_rate, 3),
+        "publish_one_rounds": [round(r.rate) for r in ones],
         "publish_one_p50_ms": round(one.p50_ms, 2),
         "publish_one_p99_ms": round(one.p99_ms, 2),
-        "publish_one_errors": one.errors + one.non_2xx,
-        "consume_ack_one_msgs_per_s": round(results["consume_ack_one_acked"] / one_con.seconds),
-        "consume_ack_one_ratio": round(results["consume_ack_one_acked"] / one_con.seconds / floor.rate, 3),
-        "consume_ack_one_errors": one_con.errors + one_con.non_2xx,
-        "wrk_cpu_share": round(max(floor.cpu_share, one.cpu_share, one_con.cpu_share), 3),
+        "publish_one_errors": sum(r.errors + r.non_2xx for r in ones),
+        "consume_ack_one_msgs_per_s": round(con_rate),
+        "consume_ack_one_ratio": round(con_rate / floor_rate, 3),
+        "consume_ack_one_rounds": [round(rate) for rate in con_rates],
+        "consume_ack_one_errors": sum(r.errors + r.non_2xx for r in one_cons),
+        "wrk_cpu_share": round(max(r.cpu_share for r in floors + ones + one_cons), 3),
         "long_poll_waiters": polls.extra["waiters"],
         "long_poll_extra_transactions_per_publish": round(polls.extra["extra_transactions_per_publish"], 2),
         "long_poll_delivered_share": round(polls.extra["delivered_share"], 3),
@@ -701,21 +719,22 @@ def table(f: dict[str, Any], o: Options) -> Table:
     )
     floor = f["http_floor_requests_per_s"]
     t.add_row(
-        f"HTTP floor: GET /liveness, {o.http_connections} connections (wrk), requests/s",
+        f"HTTP floor: GET /liveness, {o.http_connections} connections (wrk), requests/s, {rounds}",
         f"{floor:,}",
         "",
         "",
         "",
     )
     t.add_row(
-        f"publish msg/s, 1 per request, {o.http_connections} connections (wrk)",
+        f"publish msg/s, 1 per request, {o.http_connections} connections (wrk), {rounds}",
         f"{f['publish_one_msgs_per_s']:,}",
         "",
         f"{f['publish_one_ratio']:.2f}x floor",
         f">= 0.6x {ok(f['publish_one_ratio'] >= 0.6)}",
     )
     t.add_row(
-        f"consume+ack msg/s, 1 per request (2 requests each), {o.http_connections} connections (wrk)",
+        f"consume+ack msg/s, 1 per request (2 requests each), {o.http_connections} connections (wrk), "
+        + rounds,
         f"{f['consume_ack_one_msgs_per_s']:,}",
         "",
         f"{f['consume_ack_one_ratio']:.2f}x floor",

@@ -300,6 +300,14 @@ def test_bench_all_runs_every_phase_and_its_exit_status_is_the_verdict(
     assert figures["http_floor_requests_per_s"] > 0
     assert figures["publish_one_msgs_per_s"] > 0
     assert figures["consume_ack_one_msgs_per_s"] > 0
+    for key, median in (
+        ("http_floor", "http_floor_requests_per_s"),
+        ("publish_one", "publish_one_msgs_per_s"),
+        ("consume_ack_one", "consume_ack_one_msgs_per_s"),
+    ):
+        rounds = figures[f"{key}_rounds"]
+        assert len(rounds) == 2, key  # side by side in each round, like the batched phases
+        assert min(rounds) <= figures[median] <= max(rounds), key
     assert 0 <= figures["wrk_cpu_share"] <= 2
     assert figures["long_poll_waiters"] == 20
     assert figures["long_poll_delivered_share"] > 0
