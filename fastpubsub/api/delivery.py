@@ -19,6 +19,7 @@ import base64
 import contextlib
 import logging
 import math
+import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any
 from uuid import UUID
@@ -42,9 +43,16 @@ from fastpubsub.exceptions import (
 
 log = logging.getLogger(__name__)
 
-# Streams send a keep-alive comment after this long without writing anything,
-# so that proxies keep them open.
+# Streams send a keep-alive comment after at most this long without writing
+# anything, so that proxies keep them open.
 KEEPALIVE_SECONDS = 15.0
+# Each quiet spell before a keep-alive (or a WebSocket's idle check) lasts a
+# random 80-100 % of its interval. Streams opened together (thousands of
+# clients reconnecting at once, say) would otherwise send their keep-alives
+# together, a burst every interval that holds up the process's other
+# requests for tens of milliseconds; spread out, they cost the same CPU
+# without the stall.
+IDLE_JITTER = 0.2
 # A full stream (max_in_flight messages out) refills when this process settles
 # one of its messages, when another process says it settled messages of the
 # subscription (then it asks the database which of its leases are still held),
@@ -274,9 +282,9 @@ class Delivery:
     ) -> AsyncIterator[bytes]:
         """Server-sent events: a leased message per event, at most max_in_flight unacked (lease_batches).
 
-        A keep-alive comment goes out after KEEPALIVE_SECONDS without anything
-        written. When the client goes away its leases run out normally; when
-        the server stops, the stream ends.
+        A keep-alive comment goes out after at most KEEPALIVE_SECONDS without
+        anything written (see IDLE_JITTER). When the client goes away its
+        leases run out normally; when the server stops, the stream ends.
         """
         yield b": connected\n\n"
         try:
@@ -311,7 +319,8 @@ class Delivery:
 
         The stream behind SSE, WebSockets and the push-worker. Each batch is a
         list of (message id, its JSON as consume renders it); an empty batch
-        means nothing was sent for `idle_seconds` (time for a keep-alive).
+        means nothing was sent for `idle_seconds` (80-100 % of it, see
+        IDLE_JITTER: time for a keep-alive).
         Credit-based: it leases as many messages as the window has room for,
         and looks again as soon as this process settles one of them (the
         settlement takes it out of `window.held`), another process says it
@@ -328,6 +337,7 @@ class Delivery:
         hub = self.hub
         held = window.held
         written = loop.time()
+        quiet = quiet_spell(idle_seconds)  # after `written`, before the next idle batch
         checked = written  # when the database last said which leases are still held (none yet)
         outage_since: float | None = None
         retry = OUTAGE_RETRY_SECONDS
@@ -367,7 +377,7 @@ class Delivery:
                                 for message_id, _ in events:
                                     held[message_id] = ends
                                 yield events
-                                written = loop.time()
+                                written, quiet = loop.time(), quiet_spell(idle_seconds)
                                 continue
                             hub.found_nothing(subscription_id, mark)
                             hub.note_due(subscription_id, due)
@@ -385,11 +395,11 @@ class Delivery:
                                 f"the database has been unavailable for over {self.stream_outage_seconds:g} s"
                             ) from exc
                         timeout, retry = retry, min(retry * 2, MAX_OUTAGE_RETRY_SECONDS)
-                    timeout = min(timeout, written + idle_seconds - loop.time())
+                    timeout = min(timeout, written + quiet - loop.time())
                     await wait_for(waiter.event, timeout)
-                    if loop.time() >= written + idle_seconds:
+                    if loop.time() >= written + quiet:
                         yield []
-                        written = loop.time()
+                        written, quiet = loop.time(), quiet_spell(idle_seconds)
                     if gone is not None and await gone():
                         return
             finally:
@@ -423,6 +433,11 @@ def sse_event(message_id: UUID | str, data: str) -> bytes:
 
 def _error_event(detail: str) -> bytes:
     return b"event: error\ndata: %s\n\n" % orjson.dumps({"detail": detail})
+
+
+def quiet_spell(idle_seconds: float) -> float:
+    """How long a stream stays quiet before its next idle batch: a random 80-100 % of `idle_seconds`."""
+    return idle_seconds * (1 - IDLE_JITTER * random.random())  # noqa: S311 (spreading, not secrecy)
 
 
 async def wait_for(event: asyncio.Event, seconds: float) -> bool:

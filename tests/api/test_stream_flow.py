@@ -99,6 +99,40 @@ async def test_keep_alives_come_at_the_documented_interval(
         await sse.close()
 
 
+async def test_streams_opened_together_spread_their_keep_alives(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each waits a random 80-100 % of the interval: not one burst of keep-alives per interval."""
+    monkeypatch.setattr(delivery, "KEEPALIVE_SECONDS", 1.0)
+    await setup(api)
+    loop = asyncio.get_running_loop()
+
+    async def first_keep_alive_after_connected(exchange: Exchange) -> float:
+        connected = None
+        while True:
+            chunk = await exchange.chunks.get()
+            if chunk == b": connected\n\n":
+                connected = loop.time()
+            elif chunk == b": keep-alive\n\n":
+                assert connected is not None
+                return loop.time() - connected
+
+    streams = [
+        Exchange(api.app, "/subscriptions/s/stream", {"consumer_id": f"c{k}"})  # type: ignore[attr-defined]
+        for k in range(20)
+    ]
+    try:
+        async with asyncio.timeout(10):
+            delays = await asyncio.gather(*(first_keep_alive_after_connected(each) for each in streams))
+    finally:
+        for each in streams:
+            each.hang_up()
+        await asyncio.gather(*(each.task for each in streams), return_exceptions=True)
+    assert min(delays) >= 0.75, delays  # never before 80 % of the interval (a little slack for the clock)
+    assert max(delays) <= 1.5, delays  # within the interval, with room for a slow machine
+    assert max(delays) - min(delays) >= 0.05, delays  # spread out: a burst would land within milliseconds
+
+
 async def test_stream_events_keep_big_integers_exact(api: httpx.AsyncClient) -> None:
     await setup(api)
     await api.post("/topics/t/publish", json={"messages": [{"payload": {"n": BIG}}]})

@@ -181,7 +181,7 @@ async def extend_leases(
     "/{subscription_id}/stream",
     summary="Consume as a stream of server-sent events",
     description="`text/event-stream`: each `message` event carries one leased message as JSON (the "
-    "shape consume returns). A `: keep-alive` comment goes out after "
+    "shape consume returns). A `: keep-alive` comment goes out after at most "
     f"{delivery.KEEPALIVE_SECONDS:g} s without an event. Ack or nack through the usual endpoints; at most "
     "`max_in_flight` messages are unacked at a time. When the stream drops, its leases expire normally "
     "(ack deadline).",
@@ -189,7 +189,7 @@ async def extend_leases(
     responses={
         200: {
             "content": {"text/event-stream": {"schema": {"type": "string"}, "example": STREAM_EXAMPLE}},
-            "description": f"The stream: `message` events, and a `: keep-alive` comment after "
+            "description": f"The stream: `message` events, and a `: keep-alive` comment after at most "
             f"{delivery.KEEPALIVE_SECONDS:g} s without one",
         },
         **error_responses(401, 403, 404, 422),
