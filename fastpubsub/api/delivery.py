@@ -47,12 +47,15 @@ log = logging.getLogger(__name__)
 # anything, so that proxies keep them open.
 KEEPALIVE_SECONDS = 15.0
 # Each quiet spell before a keep-alive (or a WebSocket's idle check) lasts a
-# random 80-100 % of its interval. Streams opened together (thousands of
-# clients reconnecting at once, say) would otherwise send their keep-alives
-# together, a burst every interval that holds up the process's other
-# requests for tens of milliseconds; spread out, they cost the same CPU
-# without the stall.
+# random 80-100 % of its interval, ending on a tick of IDLE_TICK_SECONDS.
+# Streams opened together (thousands of clients reconnecting at once, say)
+# would otherwise send their keep-alives together, a burst every interval
+# that holds up the process's other requests for tens of milliseconds.
+# Spread over a fifth of the interval, they come a few at a time; on ticks,
+# those few share one wake-up of the process (spread to the millisecond,
+# every keep-alive was a wake-up of its own, which doubled their CPU cost).
 IDLE_JITTER = 0.2
+IDLE_TICK_SECONDS = 0.05
 # A full stream (max_in_flight messages out) refills when this process settles
 # one of its messages, when another process says it settled messages of the
 # subscription (then it asks the database which of its leases are still held),
@@ -337,7 +340,8 @@ class Delivery:
         hub = self.hub
         held = window.held
         written = loop.time()
-        quiet = quiet_spell(idle_seconds)  # after `written`, before the next idle batch
+        quiet_until = quiet_end(written, idle_seconds)  # when the next idle batch is due
+        kept_alive = False  # the last wait ended in an idle batch, nothing having woken the stream
         checked = written  # when the database last said which leases are still held (none yet)
         outage_since: float | None = None
         retry = OUTAGE_RETRY_SECONDS
@@ -347,8 +351,11 @@ class Delivery:
                 while not hub.stopping.is_set():
                     waiter.looking()
                     now = loop.time()
-                    for message_id in [m for m, ends in held.items() if ends <= now]:
+                    expired = [m for m, ends in held.items() if ends <= now]
+                    for message_id in expired:
                         del held[message_id]  # its lease ran out: room again (it may come back)
+                    # After a keep-alive, look only if no stream here has lately (see looked_lately).
+                    idle = kept_alive and not expired and hub.looked_lately(subscription_id)
                     timeout = math.inf
                     try:
                         if (
@@ -363,24 +370,32 @@ class Delivery:
                                 del held[message_id]
                         room = window.room()
                         waiter.demand = room
-                        if room > 0 and not hub.known_empty(subscription_id):
+                        if room > 0 and not idle and not hub.known_empty(subscription_id):
                             mark = hub.look_began(subscription_id)
                             events, due = await self.database.consume_events(
                                 subscription_id, consumer_id, min(room, MAX_BATCH_SIZE)
                             )
                             if events:
                                 hub.note_leased(subscription_id)
-                                if len(events) >= min(room, MAX_BATCH_SIZE):
+                                full = len(events) >= min(room, MAX_BATCH_SIZE)
+                                if full:
                                     hub.pass_on(subscription_id, waiter)
                                 CONSUMED.labels(subscription_id).inc(len(events))
                                 ends = loop.time() + lease_seconds
                                 for message_id, _ in events:
                                     held[message_id] = ends
+                                waiter.demand = window.room()
                                 yield events
-                                written, quiet = loop.time(), quiet_spell(idle_seconds)
-                                continue
-                            hub.found_nothing(subscription_id, mark)
-                            hub.note_due(subscription_id, due)
+                                written = loop.time()
+                                quiet_until = quiet_end(written, idle_seconds)
+                                if full:
+                                    continue  # there may be more: look again at once
+                                # Fewer than it asked for: it took all there was to take.
+                                # It waits for news (news that came meanwhile has woken it
+                                # already) instead of a second look that finds nothing.
+                            else:
+                                hub.found_nothing(subscription_id, mark)
+                                hub.note_due(subscription_id, due)
                         elif held:
                             earliest = min(held.values()) - loop.time() + 0.005
                             timeout = min(max(earliest, 0), FULL_RECHECK_SECONDS)
@@ -395,11 +410,14 @@ class Delivery:
                                 f"the database has been unavailable for over {self.stream_outage_seconds:g} s"
                             ) from exc
                         timeout, retry = retry, min(retry * 2, MAX_OUTAGE_RETRY_SECONDS)
-                    timeout = min(timeout, written + quiet - loop.time())
-                    await wait_for(waiter.event, timeout)
-                    if loop.time() >= written + quiet:
+                    timeout = min(timeout, quiet_until - loop.time())
+                    woken = await wait_for(waiter.event, timeout)
+                    kept_alive = False
+                    if loop.time() >= quiet_until:
                         yield []
-                        written, quiet = loop.time(), quiet_spell(idle_seconds)
+                        written = loop.time()
+                        quiet_until = quiet_end(written, idle_seconds)
+                        kept_alive = not woken and not waiter.event.is_set()
                     if gone is not None and await gone():
                         return
             finally:
@@ -435,9 +453,15 @@ def _error_event(detail: str) -> bytes:
     return b"event: error\ndata: %s\n\n" % orjson.dumps({"detail": detail})
 
 
-def quiet_spell(idle_seconds: float) -> float:
-    """How long a stream stays quiet before its next idle batch: a random 80-100 % of `idle_seconds`."""
-    return idle_seconds * (1 - IDLE_JITTER * random.random())  # noqa: S311 (spreading, not secrecy)
+def quiet_end(written: float, idle_seconds: float) -> float:
+    """When a stream that last wrote at `written` (loop time) sends its next idle batch (see IDLE_JITTER).
+
+    A random 80-100 % of `idle_seconds` later, on the next IDLE_TICK_SECONDS tick.
+    """
+    if math.isinf(idle_seconds):
+        return math.inf
+    end = written + idle_seconds * (1 - IDLE_JITTER * random.random())  # noqa: S311 (spreading, not secrecy)
+    return math.ceil(end / IDLE_TICK_SECONDS) * IDLE_TICK_SECONDS
 
 
 async def wait_for(event: asyncio.Event, seconds: float) -> bool:

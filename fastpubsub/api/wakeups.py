@@ -122,7 +122,7 @@ class Waiter:
 
 
 class _Queue:
-    __slots__ = ("due_handle", "empty_at", "empty_until", "floor", "news", "streams", "waiters")
+    __slots__ = ("due_handle", "empty_at", "empty_until", "floor", "looked_at", "news", "streams", "waiters")
 
     def __init__(self) -> None:
         self.waiters: dict[Waiter, None] = {}  # in arrival order
@@ -135,6 +135,7 @@ class _Queue:
         self.news = 0
         self.empty_at = -1
         self.empty_until = 0.0  # loop time
+        self.looked_at = -math.inf  # loop time a stream's look last began
 
 
 class WakeHub:
@@ -327,9 +328,24 @@ class WakeHub:
         queue = self._queues.get(subscription_id)
         if queue is None:
             return -1
+        now = asyncio.get_running_loop().time()
+        queue.looked_at = now
         if queue.empty_at == queue.news:
-            queue.empty_until = asyncio.get_running_loop().time() + RENEWAL_SECONDS
+            queue.empty_until = now + RENEWAL_SECONDS
         return queue.news
+
+    def looked_lately(self, subscription_id: str) -> bool:
+        """A stream of `subscription_id` began a look here within the last KNOWN_EMPTY_SECONDS.
+
+        A stream whose keep-alive fell due (nothing woke it) need not look then:
+        news wakes as many streams as it has messages for, and while news comes
+        they look. Without this, every keep-alive on a subscription being
+        published to would look (each publish is news, so no empty answer stands
+        for long): a query per stream and keep-alive. When no stream has looked
+        for that long, one looks, as when an empty answer expires.
+        """
+        queue = self._queues.get(subscription_id)
+        return queue is not None and asyncio.get_running_loop().time() - queue.looked_at < KNOWN_EMPTY_SECONDS
 
     def found_nothing(self, subscription_id: str, mark: int) -> None:
         """The look that began at `mark` leased nothing: without news since, nothing is deliverable here."""

@@ -183,6 +183,40 @@ async def test_idle_streams_share_one_look_until_news_comes(
             await sse.close()
 
 
+async def test_keep_alives_on_a_busy_subscription_do_not_look(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While news keeps coming, an idle stream whose keep-alive falls due sends it without a look.
+
+    Each publish makes the idle state stale (news came), so a keep-alive that
+    looked would cost a query per stream and keep-alive: thousands a second
+    with thousands of streams on a subscription that is being published to.
+    Looks follow the news instead: about one per publish.
+    """
+    monkeypatch.setattr(delivery, "KEEPALIVE_SECONDS", 0.2)
+    await setup(api, ack_deadline_seconds=60)
+    streams = [
+        Exchange(api.app, "/subscriptions/s/stream", {"consumer_id": f"c{k}"})  # type: ignore[attr-defined]
+        for k in range(10)
+    ]
+    try:
+        await asyncio.sleep(0.7)  # opened, first looks done
+        ran = count_queries(api, monkeypatch)
+        for n in range(20):  # 2 s of news, ten keep-alive intervals for each of the ten streams
+            await api.post("/topics/t/messages", json=[{"n": n}])
+            await asyncio.sleep(0.1)
+        received = sum(sse.body.count(b"event: message\n") for sse in streams)
+        keep_alives = sum(sse.body.count(b": keep-alive\n\n") for sse in streams)
+        assert received == 20  # every message reached a stream
+        assert keep_alives >= 30  # the idle ones kept sending keep-alives meanwhile
+        # One look per publish (the woken stream's, which takes the message); a look per
+        # keep-alive, or a second look after each message, would add dozens.
+        assert ran.count("consume_events") <= 25, " ".join(q[:9] for q in ran)
+    finally:
+        for sse in streams:
+            await sse.close()
+
+
 @contextlib.asynccontextmanager
 async def chatty_idle_streams(api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[None]:
     """Ten idle streams whose keep-alives fall due every 0.1 s, an empty look standing for 0.5 s;
