@@ -56,6 +56,10 @@ KEEPALIVE_SECONDS = 15.0
 # every keep-alive was a wake-up of its own, which doubled their CPU cost).
 IDLE_JITTER = 0.2
 IDLE_TICK_SECONDS = 0.05
+# uvloop's timers may fire up to a millisecond before their time: a wake-up this
+# close to a keep-alive's time is the keep-alive's (a stream that took it for
+# another would look for nothing, then send the keep-alive a moment later).
+TIMER_SLACK_SECONDS = 0.005
 # A full stream (max_in_flight messages out) refills when this process settles
 # one of its messages, when another process says it settled messages of the
 # subscription (then it asks the database which of its leases are still held),
@@ -413,7 +417,7 @@ class Delivery:
                     timeout = min(timeout, quiet_until - loop.time())
                     woken = await wait_for(waiter.event, timeout)
                     kept_alive = False
-                    if loop.time() >= quiet_until:
+                    if loop.time() >= quiet_until - TIMER_SLACK_SECONDS:
                         yield []
                         written = loop.time()
                         quiet_until = quiet_end(written, idle_seconds)
