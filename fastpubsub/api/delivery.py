@@ -381,25 +381,18 @@ class Delivery:
                             )
                             if events:
                                 hub.note_leased(subscription_id)
-                                full = len(events) >= min(room, MAX_BATCH_SIZE)
-                                if full:
+                                if len(events) >= min(room, MAX_BATCH_SIZE):
                                     hub.pass_on(subscription_id, waiter)
                                 CONSUMED.labels(subscription_id).inc(len(events))
                                 ends = loop.time() + lease_seconds
                                 for message_id, _ in events:
                                     held[message_id] = ends
-                                waiter.demand = window.room()
                                 yield events
                                 written = loop.time()
                                 quiet_until = quiet_end(written, idle_seconds)
-                                if full:
-                                    continue  # there may be more: look again at once
-                                # Fewer than it asked for: it took all there was to take.
-                                # It waits for news (news that came meanwhile has woken it
-                                # already) instead of a second look that finds nothing.
-                            else:
-                                hub.found_nothing(subscription_id, mark)
-                                hub.note_due(subscription_id, due)
+                                continue
+                            hub.found_nothing(subscription_id, mark)
+                            hub.note_due(subscription_id, due)
                         elif held:
                             earliest = min(held.values()) - loop.time() + 0.005
                             timeout = min(max(earliest, 0), FULL_RECHECK_SECONDS)
