@@ -339,10 +339,11 @@ class WakeHub:
 
         A stream whose keep-alive fell due (nothing woke it) need not look then:
         news wakes as many streams as it has messages for, and while news comes
-        they look. Without this, every keep-alive on a subscription being
-        published to would look (each publish is news, so no empty answer stands
-        for long): a query per stream and keep-alive. When no stream has looked
-        for that long, one looks, as when an empty answer expires.
+        they look. Without this, on a subscription being published to, the
+        first keep-alive after each publish would look (news makes an empty
+        answer stale): up to a query per publish on top of the woken stream's.
+        When no stream has looked for that long, one looks, as when an empty
+        answer expires (a lease that ran out elsewhere brings no news).
         """
         queue = self._queues.get(subscription_id)
         return queue is not None and asyncio.get_running_loop().time() - queue.looked_at < KNOWN_EMPTY_SECONDS
