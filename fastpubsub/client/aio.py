@@ -45,7 +45,7 @@ class _Unset:
 UNSET: Final = _Unset()
 """Leaves a field as it is in `update_subscription` (None means "no filter" there)."""
 
-# Streams read nothing for at most this long: the server sends a keep-alive every 15 s.
+# Streams read nothing for at most this long: the server sends a keep-alive at least every 15 s.
 STREAM_READ_TIMEOUT = 60.0
 
 
