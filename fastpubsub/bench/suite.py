@@ -381,7 +381,7 @@ async def held_streams(url: str, client: workloads.Connect, server_pid: int | No
             streams=o.idle_streams,
             rate=o.rate,
             # 10 s each, with and without: at 100 msg/s a p99 of 1,000 publishes, and the
-            # streams' first round of keep-alives (12-15 s after each opens) falls inside.
+            # streams' first keep-alives (12-15 s after each opens, over some 7 s) come during it.
             seconds=10,
             payload_bytes=o.payload_bytes,
         )
