@@ -543,8 +543,7 @@ def summary(results: dict[str, Any], o: Options) -> dict[str, Any]:
     sql_con, http_con = results["sql_consume"], results["http_consume"]
     backlog, wal = results["backlog"], results["wal"]
     floors, ones, one_cons = results["floor"], results["publish_one"], results["consume_ack_one"]
-    floor_rate = statistics.median(r.rate for r in floors)
-    one_rate = statistics.median(r.rate for r in ones)
+    floor_rate, one_rate = _median_rate(floors), _median_rate(ones)
     one = sorted(ones, key=lambda r: r.rate)[len(ones) // 2]  # a median round: its latency
     con_rates = [
         acked / r.seconds for acked, r in zip(results["consume_ack_one_acked"], one_cons, strict=True)

@@ -288,16 +288,17 @@ async def http_end_to_end(
     threads = 2
     fields = orjson.dumps({k: v for k, v in payload(0, payload_bytes).items() if k != "order_id"})[1:-1]
     stop = asyncio.Event()
+    publish_path = f"/topics/{topic}/messages"
     publishing = asyncio.create_task(
         wrk.run(
             reader.base_url,
-            f"/topics/{topic}/messages",
+            publish_path,
             # Enough connections to keep the pace while answers take up to 25 ms.
             connections=max(threads, math.ceil(rate / 40)),
             threads=threads,
             seconds=1 + seconds + 60,  # a bound: stopped once everything is received
             script=wrk.paced_publish_script(
-                f"/topics/{topic}/messages",
+                publish_path,
                 rate=rate,
                 total=expected,
                 start=start,
