@@ -39,7 +39,7 @@ if CHROMIUM is None or CHROMEDRIVER is None:
     )
 
 from selenium import webdriver  # noqa: E402
-from selenium.common.exceptions import TimeoutException  # noqa: E402
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
@@ -98,7 +98,14 @@ def browser(tmp_path: Path) -> Iterator[WebDriver]:
 
 
 def wait_for(driver: WebDriver, condition: Callable[[WebDriver], Any], timeout: float = 20) -> Any:
-    return WebDriverWait(driver, timeout).until(condition)
+    """What `condition` returns once it is truthy. An element the page replaced between being found and
+    being read (a form's answer loading, a figure redrawn in place) is looked up again, not a failure."""
+    return WebDriverWait(driver, timeout, ignored_exceptions=(StaleElementReferenceException,)).until(condition)
+
+
+def text_of(driver: WebDriver, css: str) -> str:
+    """The text of the element `css` finds now, read from the page as it stands (never a replaced element)."""
+    return str(wait_for(driver, lambda d: (d.find_element(By.CSS_SELECTOR, css).text,))[0])
 
 
 def check_page(driver: WebDriver, axe: str, name: str) -> None:
@@ -139,21 +146,15 @@ def notice(driver: WebDriver, expected: str) -> str:
     """The page's notice once it says `expected` (the last page's may still be showing); else what it says."""
 
     def said(d: WebDriver) -> bool:
-        return (
-            bool(d.find_elements(By.CSS_SELECTOR, ".notice"))
-            and d.find_element(By.CSS_SELECTOR, ".notice").text == expected
-        )
+        return any(shown.text == expected for shown in d.find_elements(By.CSS_SELECTOR, ".notice"))
 
     with contextlib.suppress(TimeoutException):
         wait_for(driver, said)
-    return str(driver.find_element(By.CSS_SELECTOR, ".notice").text)
+    return text_of(driver, ".notice")
 
 
 def backlog_cell(driver: WebDriver, subscription: str) -> str:
-    cell = driver.find_element(
-        By.CSS_SELECTOR, f'td[data-figure="backlog"][data-subscription="{subscription}"]'
-    )
-    return str(cell.text)
+    return text_of(driver, f'td[data-figure="backlog"][data-subscription="{subscription}"]')
 
 
 @pytest.fixture
