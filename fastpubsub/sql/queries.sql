@@ -140,8 +140,11 @@ SELECT result FROM fastpubsub._settle_batch(CAST(:requests AS jsonb))
 
 -- notify --
 -- Wake consumers in other server processes (a coalesced notification, sent
--- outside any data transaction).
-SELECT pg_notify('fastpubsub', :payload)
+-- outside any data transaction). Its commit does not wait for the WAL flush:
+-- a notification keeps nothing across a crash, the data it announces was
+-- committed durably before it was sent, and listeners hear it only after its
+-- commit returns, so a flush here would only delay every wake-up.
+SELECT pg_notify('fastpubsub', :payload), set_config('synchronous_commit', 'off', true)
 
 -- publish --
 SELECT fastpubsub.publish(:topic_id, CAST(:payloads AS jsonb)) AS ids

@@ -13,6 +13,7 @@ from fastpubsub.api import wakeups
 from fastpubsub.db.listener import NotificationSender
 from fastpubsub.db.urls import libpq_url
 from fastpubsub.embedded import free_port
+from fastpubsub.sql.source import driver_queries
 from tests.api.conftest import ClientFactory
 
 
@@ -230,3 +231,18 @@ async def test_a_notification_that_could_not_be_sent_is_sent_again(make_api: Cli
     hub.sender = working
     (message,) = await asyncio.wait_for(far, 5)  # it does once it can
     assert message["payload"] == {"n": 1}
+
+
+def test_a_notification_commits_without_waiting_for_the_wal_flush(database_url: str) -> None:
+    """The sender's statement turns synchronous commit off for its own transaction, and for nothing else."""
+    with (
+        psycopg.connect(libpq_url(database_url), autocommit=True) as listener,
+        psycopg.connect(libpq_url(database_url), autocommit=True) as sender,
+    ):
+        listener.execute("LISTEN fastpubsub")
+        sender.execute("SET synchronous_commit = on")  # as on a durable server (the test cluster's is off)
+        with sender.transaction():  # the statement's own transaction, held open to look inside it
+            sender.execute(driver_queries()["notify"], {"payload": "@p s=1"})
+            assert sender.execute("SHOW synchronous_commit").fetchone() == ("off",)
+        assert sender.execute("SHOW synchronous_commit").fetchone() == ("on",)
+        assert [n.payload for n in listener.notifies(timeout=2, stop_after=1)] == ["@p s=1"]
