@@ -100,7 +100,8 @@ def browser(tmp_path: Path) -> Iterator[WebDriver]:
 def wait_for(driver: WebDriver, condition: Callable[[WebDriver], Any], timeout: float = 20) -> Any:
     """What `condition` returns once it is truthy. An element the page replaced between being found and
     being read (a form's answer loading, a figure redrawn in place) is looked up again, not a failure."""
-    return WebDriverWait(driver, timeout, ignored_exceptions=(StaleElementReferenceException,)).until(condition)
+    waiting = WebDriverWait(driver, timeout, ignored_exceptions=(StaleElementReferenceException,))
+    return waiting.until(condition)
 
 
 def text_of(driver: WebDriver, css: str) -> str:
