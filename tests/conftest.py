@@ -9,12 +9,20 @@ The template database is built once, straight from the current SQL source
 (fastpubsub/sql; tests/db/test_migrations.py proves the revisions build the
 same); every test gets its own copy (CREATE DATABASE ... TEMPLATE), dropped
 afterwards, so tests never share state.
+
+Scratch files go to memory (/dev/shm) when the machine has it: the session's
+PostgreSQL cluster and every test's tmp_path. Creating a database copies a
+few hundred small files, which costs ~300 ms on a virtual disk and ~15 ms in
+memory, for each of the suite's tests. FASTPUBSUB_TEST_SCRATCH names another
+parent folder (e.g. /tmp). The folder is removed after a
+passing session and kept, with its server logs, after a failing one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -30,6 +38,7 @@ _CHOOSE_POSTGRES = (
     "FASTPUBSUB_TEST_DATABASE_URL",
     "FASTPUBSUB_TEST_POSTGRES_IMAGE",
     "FASTPUBSUB_EMBEDDED_PG_BIN",
+    "FASTPUBSUB_TEST_SCRATCH",
 )
 for _name in [name for name in os.environ if name.startswith("FASTPUBSUB_")]:
     if _name not in _CHOOSE_POSTGRES:
@@ -79,6 +88,22 @@ def docker_engine_problem() -> str | None:
     return None
 
 
+def scratch_parent() -> str | None:
+    """Where the session's scratch folder goes: memory when there is some, else the system's choice."""
+    chosen = os.environ.get("FASTPUBSUB_TEST_SCRATCH")
+    if chosen:
+        return chosen
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and os.access(shm, os.W_OK):
+        stats = os.statvfs(shm)
+        if stats.f_bavail * stats.f_frsize >= 2 * 1024**3:  # room for a cluster, logs and Spark's output
+            return shm
+    return None
+
+
+_SCRATCH: dict[str, Path] = {}
+
+
 def pytest_configure(config: pytest.Config) -> None:
     image = os.environ.get("FASTPUBSUB_TEST_POSTGRES_IMAGE")
     if image and (problem := docker_engine_problem()):
@@ -86,6 +111,21 @@ def pytest_configure(config: pytest.Config) -> None:
             f"FASTPUBSUB_TEST_POSTGRES_IMAGE={image} runs the tests in a container, but no Docker engine "
             f"answers ({problem}); unset it to use the embedded PostgreSQL"
         )
+    parent = scratch_parent()
+    if parent is not None and config.option.basetemp is None:
+        scratch = Path(tempfile.mkdtemp(prefix="fastpubsub-tests-", dir=parent))
+        _SCRATCH["root"] = scratch
+        config.option.basetemp = str(scratch / "tmp")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    scratch = _SCRATCH.get("root")
+    if scratch is None:
+        return
+    if exitstatus == 0:
+        shutil.rmtree(scratch, ignore_errors=True)
+    else:
+        session.config.get_terminal_writer().line(f"scratch files (server logs) kept in {scratch}")
 
 
 @contextlib.contextmanager
@@ -112,7 +152,8 @@ def pg_server() -> Iterator[PostgresServer]:
         with postgres_container(image) as container_url:
             yield PostgresServer(container_url)
         return
-    data_dir = Path(tempfile.mkdtemp(prefix="fastpubsub-test-pg-"))
+    scratch = _SCRATCH.get("root")
+    data_dir = Path(tempfile.mkdtemp(prefix="fastpubsub-test-pg-", dir=scratch))
     embedded = EmbeddedPostgres(data_dir, settings=EPHEMERAL_SETTINGS)
     running = embedded.start()
     try:

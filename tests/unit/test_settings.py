@@ -12,7 +12,7 @@ from fastpubsub.exceptions import ConfigurationError
 from fastpubsub.settings import Settings, is_loopback
 
 ROOT = Path(__file__).resolve().parents[2]
-TEST_ONLY = {"FASTPUBSUB_TEST_DATABASE_URL", "FASTPUBSUB_TEST_POSTGRES_IMAGE"}
+TEST_ONLY = {"FASTPUBSUB_TEST_DATABASE_URL", "FASTPUBSUB_TEST_POSTGRES_IMAGE", "FASTPUBSUB_TEST_SCRATCH"}
 
 
 def shown(value: object) -> str:

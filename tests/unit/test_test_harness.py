@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,3 +32,71 @@ def test_a_container_image_without_a_docker_engine_stops_the_run_with_one_clear_
     assert result.returncode == 4  # pytest's usage error: nothing ran
     assert "FASTPUBSUB_TEST_POSTGRES_IMAGE=postgres:14 runs the tests in a container" in result.stderr
     assert "no Docker engine answers" in result.stderr
+
+
+INNER_TEST = """
+import json
+import json
+import os
+from pathlib import Path
+
+
+def test_where_the_files_go(pg_server, tmp_path):
+    Path(os.environ["HARNESS_REPORT"]).write_text(
+        json.dumps({"cluster": str(pg_server.embedded.data_dir), "tmp_path": str(tmp_path)})
+    )
+    assert os.environ["HARNESS_OUTCOME"] == "pass"
+"""
+
+
+def run_inner_session(
+    tmp_path: Path, scratch: Path, outcome: str
+) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
+    """A pytest session of one test on the suite's own harness, its scratch folder under `scratch`."""
+    inner = tmp_path / f"inner-{outcome}"
+    inner.mkdir()
+    (inner / "test_inner.py").write_text(INNER_TEST)
+    report = inner / "report.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FASTPUBSUB_")}
+    env |= {"FASTPUBSUB_TEST_SCRATCH": str(scratch), "HARNESS_REPORT": str(report)}
+    env["HARNESS_OUTCOME"] = outcome
+    harness = ["-c", str(ROOT / "pyproject.toml"), "-p", "tests.conftest", "-p", "no:cacheprovider"]
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", *harness, "-q", str(inner / "test_inner.py")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert report.exists(), result.stdout + result.stderr
+    return result, json.loads(report.read_text())
+
+
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    """A short path of its own (a server's socket path must stay under ~100 characters)."""
+    folder = Path(tempfile.mkdtemp(prefix="harness-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_the_cluster_and_tmp_paths_live_in_the_scratch_folder_removed_after_a_passing_session(
+    tmp_path: Path, scratch: Path
+) -> None:
+    result, seen = run_inner_session(tmp_path, scratch, "pass")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert Path(seen["cluster"]).is_relative_to(scratch)
+    assert Path(seen["tmp_path"]).is_relative_to(scratch)
+    assert list(scratch.iterdir()) == []  # the session's folder went with it
+
+
+def test_a_failing_session_keeps_its_scratch_folder_and_says_where(tmp_path: Path, scratch: Path) -> None:
+    result, seen = run_inner_session(tmp_path, scratch, "fail")
+    assert result.returncode == 1
+    (kept,) = scratch.iterdir()
+    assert f"scratch files (server logs) kept in {kept}" in result.stdout
+    assert Path(seen["tmp_path"]).is_relative_to(kept)
+    assert Path(seen["tmp_path"]).is_dir()
+    assert not Path(seen["cluster"]).exists()  # the cluster itself is stopped and removed either way
