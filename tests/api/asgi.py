@@ -108,3 +108,33 @@ def count_queries(api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch) -> li
 
     monkeypatch.setattr(database, "_rows", counting)
     return ran
+
+
+async def until_quiet(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch, at_least: float, quiet: float = 0.3
+) -> None:
+    """Wait `at_least` seconds, then until the application has run no query for `quiet` seconds.
+
+    Streams just opened look, then look again a moment later (NEW_INTEREST_LOOKS);
+    on a loaded machine those looks can come well after their time, and a test
+    counting the looks of settled streams must not count them.
+    """
+    database = api.app.state.database  # type: ignore[attr-defined]
+    real = database._rows
+    loop = asyncio.get_running_loop()
+    last = loop.time()
+
+    async def noting(query: str, /, **params: Any) -> Any:
+        nonlocal last
+        last = loop.time()
+        return await real(query, **params)
+
+    monkeypatch.setattr(database, "_rows", noting)
+    await asyncio.sleep(at_least)
+    async with asyncio.timeout(10):
+        for _ in range(1000):  # bounded by the timeout: the queries stop, or the test fails
+            idle = loop.time() - last
+            if idle >= quiet:
+                break
+            await asyncio.sleep(quiet - idle)
+    monkeypatch.setattr(database, "_rows", real)

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from fastpubsub.api import delivery, wakeups
-from tests.api.asgi import Exchange, count_queries
+from tests.api.asgi import Exchange, count_queries, until_quiet
 
 BIG = 2**64 + 7
 
@@ -154,7 +154,9 @@ async def test_idle_streams_share_one_look_until_news_comes(
     first = Exchange(api.app, "/subscriptions/s/stream", {"consumer_id": "c0"})  # type: ignore[attr-defined]
     streams = [first]
     try:
-        await asyncio.sleep(0.7)  # its first look, and the looks after declaring interest, are done
+        await until_quiet(
+            api, monkeypatch, 0.7
+        )  # its first look, and the looks after declaring interest, are done
         ran = count_queries(api, monkeypatch)
         for k in range(1, 30):
             params = {"consumer_id": f"c{k}"}
@@ -209,7 +211,9 @@ async def test_keep_alives_on_a_busy_subscription_do_not_look(
         for k in range(10)
     ]
     try:
-        await asyncio.sleep(0.7)  # opened, first looks done
+        await until_quiet(
+            api, monkeypatch, 0.7
+        )  # opened, first looks (and those after declaring interest) done
         ran = count_queries(api, monkeypatch)
         for n in range(20):  # 2 s of news, ten keep-alive intervals for each of the ten streams
             await api.post("/topics/t/messages", json=[{"n": n}])
@@ -238,7 +242,7 @@ async def chatty_idle_streams(api: httpx.AsyncClient, monkeypatch: pytest.Monkey
         for k in range(10)
     ]
     try:
-        await asyncio.sleep(0.7)
+        await until_quiet(api, monkeypatch, 0.7)
         yield
     finally:
         for sse in streams:
