@@ -19,8 +19,10 @@ Where the news comes from:
   transaction, at most one at a time and at most every `notify_interval`
   seconds, and ignores its own when they come back. It names only
   subscriptions some other process waits on: each process declares those
-  (`@<sender> +orders`, renewed every few seconds), so publishing to a
-  subscription nobody waits on elsewhere sends nothing;
+  (`@<sender> +orders`, renewed every few seconds, and for INTEREST_SECONDS
+  after its last waiter left: a consumer long-polling in a loop leaves and
+  comes back with every message, which is no new interest), so publishing
+  to a subscription nobody waits on elsewhere sends nothing;
 * applications publishing in SQL inside their own transactions: those
   sessions notify at commit (`orders=3`);
 * due times: a look that leased nothing says when a retry, a delayed message
@@ -122,10 +124,23 @@ class Waiter:
 
 
 class _Queue:
-    __slots__ = ("due_handle", "empty_at", "empty_until", "floor", "looked_at", "news", "streams", "waiters")
+    __slots__ = (
+        "due_handle",
+        "empty_at",
+        "empty_until",
+        "floor",
+        "idle_since",
+        "looked_at",
+        "news",
+        "streams",
+        "waiters",
+    )
 
     def __init__(self) -> None:
         self.waiters: dict[Waiter, None] = {}  # in arrival order
+        # Loop time its last waiter and stream left (None: in use). Kept, and its
+        # interest declared, for INTEREST_SECONDS more (see _queue).
+        self.idle_since: float | None = None
         self.due_handle: asyncio.TimerHandle | None = None
         self.floor = DUE_SLACK_SECONDS
         self.streams = 0
@@ -268,6 +283,14 @@ class WakeHub:
             loop = asyncio.get_running_loop()
             for delay in NEW_INTEREST_LOOKS:
                 loop.call_later(delay, self.wake, subscription_id, None)
+        else:
+            # Its interest never lapsed: declared while it was idle too, and the
+            # others told it of every commit meanwhile (a consumer long-polling
+            # in a loop leaves and comes back; it is not news to anyone). Its due
+            # timer went when it fell idle: the first look here must not be skipped.
+            if queue.idle_since is not None:
+                queue.idle_since = None
+                queue.empty_at = -1
         return queue
 
     def _declare(self, subscription_id: str) -> None:
@@ -275,9 +298,20 @@ class WakeHub:
         self._start_sending()
 
     def _forget_if_idle(self, subscription_id: str, queue: _Queue) -> None:
+        """The last waiter or stream left: keep the queue, idle, for INTEREST_SECONDS (see _prune_idle)."""
         if not queue.waiters and not queue.streams and self._queues.get(subscription_id) is queue:
             if queue.due_handle is not None:
                 queue.due_handle.cancel()
+                queue.due_handle = None
+            queue.idle_since = asyncio.get_running_loop().time()
+
+    def _prune_idle(self, now: float) -> None:
+        """Forget queues idle for INTEREST_SECONDS: no more declarations; the others stop telling in time."""
+        for subscription_id in [
+            s
+            for s, q in self._queues.items()
+            if q.idle_since is not None and now - q.idle_since >= INTEREST_SECONDS
+        ]:
             del self._queues[subscription_id]
 
     def wake(self, subscription_id: str, count: int | None) -> int:
@@ -540,10 +574,10 @@ class WakeHub:
         self._tell_everything_until = loop.time() + INTEREST_SECONDS
         while True:
             await asyncio.sleep(INTEREST_REFRESH_SECONDS)
-            for subscription_id, queue in self._queues.items():
-                if queue.waiters:
-                    self._declare(subscription_id)
             now = loop.time()
+            self._prune_idle(now)
+            for subscription_id in self._queues:  # in use, or idle for less than INTEREST_SECONDS
+                self._declare(subscription_id)
             for subscription_id in [s for s, until in self._others.items() if until < now]:
                 del self._others[subscription_id]
 

@@ -14,6 +14,7 @@ from fastpubsub.db.listener import NotificationSender
 from fastpubsub.db.urls import libpq_url
 from fastpubsub.embedded import free_port
 from fastpubsub.sql.source import driver_queries
+from tests.api.asgi import count_queries
 from tests.api.conftest import ClientFactory
 
 
@@ -246,3 +247,59 @@ def test_a_notification_commits_without_waiting_for_the_wal_flush(database_url: 
             assert sender.execute("SHOW synchronous_commit").fetchone() == ("off",)
         assert sender.execute("SHOW synchronous_commit").fetchone() == ("on",)
         assert [n.payload for n in listener.notifies(timeout=2, stop_after=1)] == ["@p s=1"]
+
+
+async def test_a_consumer_long_polling_in_a_loop_declares_its_interest_once(
+    make_api: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each long-poll of a loop leaves and the next comes back: not a new interest each time.
+
+    A new interest costs a notification (`+s`) and two extra looks (NEW_INTEREST_LOOKS);
+    a consumer polling in a loop paid them for every message it received.
+    """
+    a, b = await two_processes_waiting(make_api)
+    hub = b.app.state.hub  # type: ignore[attr-defined]
+    first = long_poll(b, "loop")
+    await settle_waiters(b, 1)
+    await asyncio.sleep(max(wakeups.NEW_INTEREST_LOOKS) + 0.1)  # the first interest's extra looks are over
+    ran = count_queries(b, monkeypatch)
+    sent = hub.notifications_sent
+    poll = first
+    for n in range(8):
+        await a.post("/topics/t/messages", json=[{"n": n}])
+        (message,) = await asyncio.wait_for(poll, 5)
+        assert message["payload"] == {"n": n}
+        poll = long_poll(b, "loop")  # at once, as a consumer loop does
+        await settle_waiters(b, 1)
+        await asyncio.sleep(0.1)  # past the first of a new interest's extra looks, were there one
+    poll.cancel()
+    assert hub.notifications_sent == sent  # b's interest never lapsed: nothing to declare
+    looks = [q for q in ran if q.startswith("consume")]
+    assert len(looks) == 2 * 8  # per message: the woken look that takes it, the next poll's first look
+
+
+async def test_an_idle_subscription_is_forgotten_after_its_interest_would_lapse(
+    make_api: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(wakeups, "INTEREST_SECONDS", 0.4)
+    monkeypatch.setattr(wakeups, "INTEREST_REFRESH_SECONDS", 0.1)
+    a, b = await two_processes_waiting(make_api)
+    hub = b.app.state.hub  # type: ignore[attr-defined]
+    poll = long_poll(b, "once", wait=0.2)
+    assert await asyncio.wait_for(poll, 5) == []
+    assert "s" in hub._queues  # kept a while, idle: a consumer that polls again is no new interest
+    for _ in range(40):
+        if "s" not in hub._queues:
+            break
+        await asyncio.sleep(0.05)
+    assert "s" not in hub._queues  # idle past INTEREST_SECONDS: forgotten, no longer declared
+    sent = hub.notifications_sent
+    await asyncio.sleep(0.3)  # refreshes come and go
+    assert hub.notifications_sent == sent
+    # Coming back later is a new interest again, declared, and the long-poll still gets its message.
+    poll = long_poll(b, "again")
+    await settle_waiters(b, 1)
+    await a.post("/topics/t/messages", json=[{"n": 1}])
+    (message,) = await asyncio.wait_for(poll, 5)
+    assert message["payload"] == {"n": 1}
+    assert hub.notifications_sent > sent
