@@ -16,19 +16,24 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_a_container_image_without_a_docker_engine_stops_the_run_with_one_clear_line(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FASTPUBSUB_", "DOCKER_"))}
-    env["FASTPUBSUB_TEST_POSTGRES_IMAGE"] = "postgres:14"
-    env["DOCKER_HOST"] = f"unix://{tmp_path / 'no-engine.sock'}"  # a socket nothing listens on
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "tests/unit/test_jsoncodec.py", "-q", "-p", "no:cacheprovider"],
+def run_pytest(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Another pytest session, in the repository, with `env` as its whole environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=180,
         check=False,
     )
+
+
+def test_a_container_image_without_a_docker_engine_stops_the_run_with_one_clear_line(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FASTPUBSUB_", "DOCKER_"))}
+    env["FASTPUBSUB_TEST_POSTGRES_IMAGE"] = "postgres:14"
+    env["DOCKER_HOST"] = f"unix://{tmp_path / 'no-engine.sock'}"  # a socket nothing listens on
+    result = run_pytest(["tests/unit/test_jsoncodec.py", "-q", "-p", "no:cacheprovider"], env)
     assert result.returncode == 4  # pytest's usage error: nothing ran
     assert "FASTPUBSUB_TEST_POSTGRES_IMAGE=postgres:14 runs the tests in a container" in result.stderr
     assert "no Docker engine answers" in result.stderr
@@ -61,15 +66,7 @@ def run_inner_session(
     env |= {"FASTPUBSUB_TEST_SCRATCH": str(scratch), "HARNESS_REPORT": str(report)}
     env["HARNESS_OUTCOME"] = outcome
     harness = ["-c", str(ROOT / "pyproject.toml"), "-p", "tests.conftest", "-p", "no:cacheprovider"]
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", *harness, "-q", str(inner / "test_inner.py")],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
+    result = run_pytest([*harness, "-q", str(inner / "test_inner.py")], env)
     assert report.exists(), result.stdout + result.stderr
     return result, json.loads(report.read_text())
 
