@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 EXTRAS ?= embedded,dev,spark
 
 .DEFAULT_GOAL := help
-.PHONY: help install run dev server test test-fast test-matrix lint format typecheck migrate bench report archive clean
+.PHONY: help install run dev server test test-fast test-db test-matrix lint format typecheck migrate bench report archive clean
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -31,11 +31,14 @@ test: $(STAMP) ## Run the whole test suite against a real PostgreSQL
 test-fast: $(STAMP) ## Run the tests without Spark, browser and slow end-to-end tests
 	$(BIN)/python -m pytest -m "not spark and not browser and not slow"
 
+test-db: $(STAMP) ## The database-facing tests only: the SQL functions and the API on them
+	$(BIN)/python -m pytest -q -m "not spark and not browser and not slow" tests/db tests/api
+
 PG_VERSIONS ?= 14 15 16 17 18
-test-matrix: $(STAMP) ## The database-facing tests on PostgreSQL 14-18 containers (needs a Docker engine)
+test-matrix: $(STAMP) ## The database-facing tests (test-db) on PostgreSQL 14-18 containers (needs a Docker engine)
 	@for v in $(PG_VERSIONS); do \
 		echo "== PostgreSQL $$v"; \
-		FASTPUBSUB_TEST_POSTGRES_IMAGE=postgres:$$v $(BIN)/python -m pytest -q -m "not spark and not browser and not slow" tests/db tests/api || exit 1; \
+		FASTPUBSUB_TEST_POSTGRES_IMAGE=postgres:$$v $(MAKE) --no-print-directory test-db || exit 1; \
 	done
 
 lint: $(STAMP) ## ruff (lint and format check) and mypy

@@ -14,8 +14,8 @@ Scratch files go to memory (/dev/shm) when the machine has it: the session's
 PostgreSQL cluster and every test's tmp_path. Creating a database copies a
 few hundred small files, which costs ~300 ms on a virtual disk and ~15 ms in
 memory, for each of the suite's tests. FASTPUBSUB_TEST_SCRATCH names another
-parent folder (e.g. /tmp). The folder is removed after a
-passing session and kept, with its server logs, after a failing one.
+parent folder (e.g. /tmp). The folder is removed after a passing session and
+kept, with its server logs, after a failing one.
 """
 
 from __future__ import annotations
@@ -101,7 +101,8 @@ def scratch_parent() -> str | None:
     return None
 
 
-_SCRATCH: dict[str, Path] = {}
+# The session's scratch folder, when it has one (pytest_configure).
+SCRATCH = pytest.StashKey[Path]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -114,12 +115,12 @@ def pytest_configure(config: pytest.Config) -> None:
     parent = scratch_parent()
     if parent is not None and config.option.basetemp is None:
         scratch = Path(tempfile.mkdtemp(prefix="fastpubsub-tests-", dir=parent))
-        _SCRATCH["root"] = scratch
+        config.stash[SCRATCH] = scratch
         config.option.basetemp = str(scratch / "tmp")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    scratch = _SCRATCH.get("root")
+    scratch = session.config.stash.get(SCRATCH, None)
     if scratch is None:
         return
     if exitstatus == 0:
@@ -142,7 +143,7 @@ def postgres_container(image: str) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def pg_server() -> Iterator[PostgresServer]:
+def pg_server(pytestconfig: pytest.Config) -> Iterator[PostgresServer]:
     url = os.environ.get("FASTPUBSUB_TEST_DATABASE_URL")
     if url:
         yield PostgresServer(url)
@@ -152,7 +153,7 @@ def pg_server() -> Iterator[PostgresServer]:
         with postgres_container(image) as container_url:
             yield PostgresServer(container_url)
         return
-    scratch = _SCRATCH.get("root")
+    scratch = pytestconfig.stash.get(SCRATCH, None)
     data_dir = Path(tempfile.mkdtemp(prefix="fastpubsub-test-pg-", dir=scratch))
     embedded = EmbeddedPostgres(data_dir, settings=EPHEMERAL_SETTINGS)
     running = embedded.start()

@@ -241,7 +241,7 @@ class WakeHub:
             # next waiter here looks instead, or the other processes do.
             if waiter.owed and not self.stopping.is_set() and self.wake(subscription_id, None) > 0:
                 self._tell(subscription_id, 0)
-            self._forget_if_idle(subscription_id, queue)
+            self._idle_if_unused(subscription_id, queue)
 
     async def subscription(self, subscription_id: str) -> Subscription:
         """The subscription (NotFoundError if there is none), read at most every SUBSCRIPTION_SECONDS.
@@ -271,7 +271,7 @@ class WakeHub:
             yield
         finally:
             queue.streams -= 1
-            self._forget_if_idle(subscription_id, queue)
+            self._idle_if_unused(subscription_id, queue)
 
     def _queue(self, subscription_id: str) -> _Queue:
         queue = self._queues.get(subscription_id)
@@ -283,21 +283,20 @@ class WakeHub:
             loop = asyncio.get_running_loop()
             for delay in NEW_INTEREST_LOOKS:
                 loop.call_later(delay, self.wake, subscription_id, None)
-        else:
+        elif queue.idle_since is not None:
             # Its interest never lapsed: declared while it was idle too, and the
             # others told it of every commit meanwhile (a consumer long-polling
             # in a loop leaves and comes back; it is not news to anyone). Its due
             # timer went when it fell idle: the first look here must not be skipped.
-            if queue.idle_since is not None:
-                queue.idle_since = None
-                queue.empty_at = -1
+            queue.idle_since = None
+            queue.empty_at = -1
         return queue
 
     def _declare(self, subscription_id: str) -> None:
         self._declare_pending.add(subscription_id)
         self._start_sending()
 
-    def _forget_if_idle(self, subscription_id: str, queue: _Queue) -> None:
+    def _idle_if_unused(self, subscription_id: str, queue: _Queue) -> None:
         """The last waiter or stream left: keep the queue, idle, for INTEREST_SECONDS (see _prune_idle)."""
         if not queue.waiters and not queue.streams and self._queues.get(subscription_id) is queue:
             if queue.due_handle is not None:

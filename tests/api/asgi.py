@@ -119,22 +119,11 @@ async def until_quiet(
     on a loaded machine those looks can come well after their time, and a test
     counting the looks of settled streams must not count them.
     """
-    database = api.app.state.database  # type: ignore[attr-defined]
-    real = database._rows
-    loop = asyncio.get_running_loop()
-    last = loop.time()
-
-    async def noting(query: str, /, **params: Any) -> Any:
-        nonlocal last
-        last = loop.time()
-        return await real(query, **params)
-
-    monkeypatch.setattr(database, "_rows", noting)
+    ran = count_queries(api, monkeypatch)
     await asyncio.sleep(at_least)
     async with asyncio.timeout(10):
         for _ in range(1000):  # bounded by the timeout: the queries stop, or the test fails
-            idle = loop.time() - last
-            if idle >= quiet:
+            seen = len(ran)
+            await asyncio.sleep(quiet)
+            if len(ran) == seen:
                 break
-            await asyncio.sleep(quiet - idle)
-    monkeypatch.setattr(database, "_rows", real)

@@ -154,9 +154,8 @@ async def test_idle_streams_share_one_look_until_news_comes(
     first = Exchange(api.app, "/subscriptions/s/stream", {"consumer_id": "c0"})  # type: ignore[attr-defined]
     streams = [first]
     try:
-        await until_quiet(
-            api, monkeypatch, 0.7
-        )  # its first look, and the looks after declaring interest, are done
+        # Its first look, and the looks after declaring interest, are done.
+        await until_quiet(api, monkeypatch, 0.7)
         ran = count_queries(api, monkeypatch)
         for k in range(1, 30):
             params = {"consumer_id": f"c{k}"}
@@ -211,9 +210,8 @@ async def test_keep_alives_on_a_busy_subscription_do_not_look(
         for k in range(10)
     ]
     try:
-        await until_quiet(
-            api, monkeypatch, 0.7
-        )  # opened, first looks (and those after declaring interest) done
+        # Opened, first looks (and those after declaring interest) done.
+        await until_quiet(api, monkeypatch, 0.7)
         ran = count_queries(api, monkeypatch)
         for n in range(20):  # 2 s of news, ten keep-alive intervals for each of the ten streams
             await api.post("/topics/t/messages", json=[{"n": n}])

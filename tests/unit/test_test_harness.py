@@ -41,7 +41,6 @@ def test_a_container_image_without_a_docker_engine_stops_the_run_with_one_clear_
 
 INNER_TEST = """
 import json
-import json
 import os
 from pathlib import Path
 
@@ -63,8 +62,11 @@ def run_inner_session(
     (inner / "test_inner.py").write_text(INNER_TEST)
     report = inner / "report.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("FASTPUBSUB_")}
-    env |= {"FASTPUBSUB_TEST_SCRATCH": str(scratch), "HARNESS_REPORT": str(report)}
-    env["HARNESS_OUTCOME"] = outcome
+    env |= {
+        "FASTPUBSUB_TEST_SCRATCH": str(scratch),
+        "HARNESS_REPORT": str(report),
+        "HARNESS_OUTCOME": outcome,
+    }
     harness = ["-c", str(ROOT / "pyproject.toml"), "-p", "tests.conftest", "-p", "no:cacheprovider"]
     result = run_pytest([*harness, "-q", str(inner / "test_inner.py")], env)
     assert report.exists(), result.stdout + result.stderr
