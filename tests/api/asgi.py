@@ -23,6 +23,7 @@ class Exchange:
         self.status: int | None = None
         self.chunks: asyncio.Queue[bytes] = asyncio.Queue()
         self.body = b""
+        self.sent: list[tuple[float, bytes]] = []  # each event with the loop time the application sent it
         self._gone = asyncio.Event()
         self._request_sent = False
         query = urlencode(params).encode()
@@ -61,9 +62,11 @@ class Exchange:
             chunk = message.get("body", b"")
             self.body += chunk
             # One write may carry several events (a stream sends what it leased at once).
+            now = asyncio.get_running_loop().time()
             for event in chunk.split(b"\n\n"):
                 if event:
                     self.chunks.put_nowait(event + b"\n\n")
+                    self.sent.append((now, event + b"\n\n"))
 
     async def next_event(self, within: float) -> tuple[bytes, list[bytes]]:
         """The next `message` event's data, and the comments (keep-alives) that came before it."""
@@ -94,6 +97,37 @@ class Exchange:
         except TimeoutError:
             self.task.cancel()
             raise
+
+
+class LoopLag:
+    """The longest the event loop went without running a 10 ms ticker, while in use.
+
+    A machine that freezes the process for a moment (a busy host, a paused
+    virtual machine) delays every timer; a test of timers run across such a
+    freeze measured the machine, not the code, and measures again.
+    """
+
+    TICK = 0.01
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            before = loop.time()
+            await asyncio.sleep(self.TICK)
+            self.worst = max(self.worst, loop.time() - before - self.TICK)
+
+    async def __aenter__(self) -> LoopLag:
+        self._task = asyncio.create_task(self._tick())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
 
 
 def count_queries(api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch) -> list[str]:
