@@ -256,10 +256,29 @@ async def run_all(
             # The stream drains leave their consumed backlogs' dead rows: vacuumed
             # now, not by autovacuum during the latency phases that follow.
             await asyncio.to_thread(vacuum, db_url)
-            for key, option, consumer in E2E_PHASES:
-                rate = getattr(o, option)
-                results[key] = await phase(
-                    f"end-to-end at {rate:g} msg/s, {consumer}",
+            await end_to_end(results, client, o)
+            results["backlog"] = await backlog_effect(client, db_url, o)
+            # The backlog phase leaves dead rows behind: vacuumed now, not by
+            # autovacuum in the middle of the next phase's latency samples.
+            await asyncio.to_thread(vacuum, db_url)
+            results["idle_streams"] = await held_streams(url, client, server_pid, o)
+    return results
+
+
+async def end_to_end(results: dict[str, Any], client: workloads.Connect, o: Options) -> None:
+    """Each end-to-end phase `o.rounds` times: a list of results for each.
+
+    Round by round, every phase in each, so that a spell of noise on the
+    machine falls on one round of several phases, not on every round of one.
+    """
+    for key, _, _ in E2E_PHASES:
+        results[key] = []
+    for round_ in range(1, o.rounds + 1):
+        for key, option, consumer in E2E_PHASES:
+            rate = getattr(o, option)
+            results[key].append(
+                await phase(
+                    f"end-to-end at {rate:g} msg/s, {consumer}, round {round_}",
                     int(rate * o.e2e_seconds),
                     lambda p, rate=rate, consumer=consumer: workloads.http_end_to_end(  # type: ignore[misc]
                         client,
@@ -270,12 +289,7 @@ async def run_all(
                         progress=p,
                     ),
                 )
-            results["backlog"] = await backlog_effect(client, db_url, o)
-            # The backlog phase leaves dead rows behind: vacuumed now, not by
-            # autovacuum in the middle of the next phase's latency samples.
-            await asyncio.to_thread(vacuum, db_url)
-            results["idle_streams"] = await held_streams(url, client, server_pid, o)
-    return results
+            )
 
 
 async def one_message_per_request(
@@ -539,8 +553,8 @@ def _median_rate(results: list[Result]) -> float:
 def summary(results: dict[str, Any], o: Options) -> dict[str, Any]:
     """Figures, targets and verdicts in one flat dictionary (the JSON line).
 
-    Throughputs are the medians of the rounds (each round listed too); a ratio
-    is the HTTP median over the SQL median.
+    Throughputs and end-to-end latencies are the medians of the rounds (each
+    round listed too); a ratio is the HTTP median over the SQL median.
     """
     sql_pub, http_pub = results["sql_publish"], results["http_publish"]
     sql_con, http_con = results["sql_consume"], results["http_consume"]
@@ -645,17 +659,23 @@ def summary(results: dict[str, Any], o: Options) -> dict[str, Any]:
 CLIENT_BOUND = 0.9
 
 
-def e2e_figures(result: Result, key: str, rate: float, consumer: str) -> dict[str, Any]:
-    """One end-to-end phase's figures, named after its key (see E2E_PHASES)."""
+def e2e_figures(rounds: list[Result], key: str, rate: float, consumer: str) -> dict[str, Any]:
+    """One end-to-end phase's figures, named after its key (see E2E_PHASES): each the median of the rounds."""
+
+    def median(figure: str) -> float:
+        return round(float(statistics.median(r.extra[figure] for r in rounds)), 2)
+
     return {
         f"{key}_rate": rate,
         f"{key}_consumer": consumer,
-        f"{key}_reached_msgs_per_s": round(result.rate),
-        f"{key}_p50_ms": round(result.extra["p50_ms"], 2),
-        f"{key}_p99_ms": round(result.extra["p99_ms"], 2),
-        f"{key}_publish_p50_ms": round(result.extra["publish_p50_ms"], 2),
-        f"{key}_publish_p99_ms": round(result.extra["publish_p99_ms"], 2),
-        f"{key}_wrk_cpu_share": round(result.extra["wrk_cpu_share"], 3),
+        f"{key}_reached_msgs_per_s": round(_median_rate(rounds)),
+        f"{key}_p50_ms": median("p50_ms"),
+        f"{key}_p99_ms": median("p99_ms"),
+        f"{key}_publish_p50_ms": median("publish_p50_ms"),
+        f"{key}_publish_p99_ms": median("publish_p99_ms"),
+        f"{key}_p50_ms_rounds": [round(r.extra["p50_ms"], 2) for r in rounds],
+        f"{key}_p99_ms_rounds": [round(r.extra["p99_ms"], 2) for r in rounds],
+        f"{key}_wrk_cpu_share": round(max(r.extra["wrk_cpu_share"] for r in rounds), 3),
     }
 
 
@@ -669,8 +689,8 @@ def e2e_row(f: dict[str, Any], key: str) -> tuple[str, ...]:
     good = e2e_holds(f, key)
     rate, reached = f[f"{key}_rate"], f[f"{key}_reached_msgs_per_s"]
     return (
-        f"end-to-end p50 / p99 at {rate:g} msg/s (reached {reached:,}), {f[f'{key}_consumer']}; "
-        "publish p50 / p99 (wrk)",
+        f"end-to-end p50 / p99 at {rate:g} msg/s (reached {reached:,}), {f[f'{key}_consumer']}, "
+        f"median of {f['rounds']}; publish p50 / p99 (wrk)",
         f"{f[f'{key}_p50_ms']:.1f} / {f[f'{key}_p99_ms']:.1f} ms; "
         f"{f[f'{key}_publish_p50_ms']:.1f} / {f[f'{key}_publish_p99_ms']:.1f} ms",
         "",

@@ -317,6 +317,10 @@ def test_bench_all_runs_every_phase_and_its_exit_status_is_the_verdict(
         assert 0 < figures[f"{key}_p50_ms"] <= figures[f"{key}_p99_ms"], key
         assert 0 < figures[f"{key}_publish_p50_ms"] <= figures[f"{key}_publish_p99_ms"], key
         assert figures[f"{key}_reached_msgs_per_s"] > 0, key
+        for figure in ("p50_ms", "p99_ms"):  # the median of the rounds, like the throughputs
+            rounds = figures[f"{key}_{figure}_rounds"]
+            assert len(rounds) == 2, key
+            assert min(rounds) <= figures[f"{key}_{figure}"] <= max(rounds), key
     assert figures["e2e_stream_consumer"] == figures["e2e_fast_stream_consumer"] == "stream"
     assert figures["e2e_consumer"] == figures["e2e_fast_consumer"] == "long-poll"
     assert figures["idle_streams"] == 200
