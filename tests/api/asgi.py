@@ -19,7 +19,9 @@ from starlette.types import ASGIApp, Message
 class Exchange:
     """One request in flight: what the application sent so far, and a way to hang up."""
 
-    def __init__(self, app: ASGIApp, path: str, params: dict[str, Any], method: str = "GET") -> None:
+    def __init__(
+        self, app: ASGIApp, path: str, params: dict[str, Any], method: str = "GET", spec_version: str = "2.3"
+    ) -> None:
         self.status: int | None = None
         self.chunks: asyncio.Queue[bytes] = asyncio.Queue()
         self.body = b""
@@ -29,7 +31,7 @@ class Exchange:
         query = urlencode(params).encode()
         scope = {
             "type": "http",
-            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "asgi": {"version": "3.0", "spec_version": spec_version},
             "http_version": "1.1",
             "method": method,
             "scheme": "http",

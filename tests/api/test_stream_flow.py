@@ -99,6 +99,23 @@ async def test_keep_alives_come_at_the_documented_interval(
         await sse.close()
 
 
+@pytest.mark.parametrize("spec_version", ["2.3", "2.4"])
+async def test_a_stream_whose_client_left_ends_by_its_next_keep_alive(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch, spec_version: str
+) -> None:
+    """Also where nothing else notices for it: with ASGI 2.4 the framework leaves it to the writes."""
+    monkeypatch.setattr(delivery, "KEEPALIVE_SECONDS", 0.3)
+    await setup(api)
+    params = {"consumer_id": "c"}
+    sse = Exchange(api.app, "/subscriptions/s/stream", params, spec_version=spec_version)  # type: ignore[attr-defined]
+    async with asyncio.timeout(5):
+        assert await sse.chunks.get() == b": connected\n\n"
+    sse.hang_up()
+    async with asyncio.timeout(3):  # a keep-alive falls due within 0.3 s; the stream sees the client gone
+        await asyncio.gather(sse.task, return_exceptions=True)
+    assert sse.task.done()
+
+
 async def test_streams_opened_together_spread_their_keep_alives(
     api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
