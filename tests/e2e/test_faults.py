@@ -5,7 +5,9 @@ worker is killed (SIGKILL; gunicorn starts another) or PostgreSQL is stopped
 and started again. Requests may fail meanwhile; what the server acknowledged
 must hold: every message a 201 answered for is delivered and acked in the
 end, and no message is delivered again after an ack of it was answered 204
-(its lease is far longer than a consumer takes to ack). Bounded: a few
+(its lease is far longer than a consumer takes to ack). An ack cut off by
+the fault is sent again, as a real consumer would: it may have been committed
+before the worker died. Bounded: a few
 seconds of load, then at most DRAIN_SECONDS to receive the rest.
 """
 
@@ -31,6 +33,7 @@ pytestmark = pytest.mark.slow
 
 LOAD_SECONDS = 6.0
 DRAIN_SECONDS = 25.0
+ACK_TRIES = 20  # an ack cut off by the fault is sent again, at most this often
 ACK_DEADLINE = 8  # leases outlast any ack by far: a redelivery after a 204 ack would be a lost ack
 
 
@@ -75,13 +78,13 @@ class Load:
                 try:
                     response = http.post("/topics/t/publish", json=body)
                 except httpx.HTTPError as exc:  # the worker died mid-request: not acknowledged
-                    self.errors[type(exc).__name__] += 1
+                    self.errors[f"publish: {type(exc).__name__}"] += 1
                     time.sleep(0.05)
                     continue
                 if response.status_code == 201:
                     self.published.update(response.json()["message_ids"])
                 else:
-                    self.errors[str(response.status_code)] += 1
+                    self.errors[f"publish: {response.status_code}"] += 1
                     time.sleep(0.05)
 
     def consume(self) -> None:
@@ -93,7 +96,7 @@ class Load:
                         params={"consumer_id": "c", "batch_size": 20, "wait_seconds": 0.5},
                     )
                     if response.status_code != 200:
-                        self.errors[str(response.status_code)] += 1
+                        self.errors[f"consume: {response.status_code}"] += 1
                         time.sleep(0.05)
                         continue
                     ids = [message["id"] for message in response.json()["data"]]
@@ -101,11 +104,28 @@ class Load:
                         self.deliveries[message_id] += 1
                         if message_id in self.acked:
                             self.after_ack.append(message_id)
-                    if ids and http.post("/subscriptions/s/acks", json=ids).status_code == 204:
-                        self.acked.update(ids)
                 except httpx.HTTPError as exc:
-                    self.errors[type(exc).__name__] += 1
+                    self.errors[f"consume: {type(exc).__name__}"] += 1
                     time.sleep(0.05)
+                    continue
+                if ids:
+                    self.ack(http, ids)
+
+    def ack(self, http: httpx.Client, ids: list[str]) -> None:
+        """Ack until the server answers. A request cut off may have been acked or not: acking
+        again is safe (ids no longer leased are ignored) and must not ack anything twice."""
+        for _ in range(ACK_TRIES):
+            try:
+                response = http.post("/subscriptions/s/acks", json=ids)
+            except httpx.HTTPError as exc:
+                self.errors[f"ack: {type(exc).__name__}"] += 1
+                time.sleep(0.05)
+                continue
+            if response.status_code == 204:
+                self.acked.update(ids)
+                return
+            self.errors[f"ack: {response.status_code}"] += 1
+            time.sleep(0.05)
 
     def drain(self) -> None:
         """Stop publishing; wait until everything acknowledged has been acked (or DRAIN_SECONDS)."""
