@@ -298,7 +298,7 @@ class Delivery:
         # read as a flag. (Request.is_disconnected polls through a cancel scope
         # of its own each time: after every keep-alive of ten thousand idle
         # streams, it took a fifth of a worker's time.)
-        with _client_watch(request.receive, asyncio.Event()) as left:
+        with _client_watch(request.receive) as left:
 
             async def gone() -> bool:
                 return left.is_set()
@@ -483,8 +483,8 @@ async def wait_for(event: asyncio.Event, seconds: float) -> bool:
 
 
 @contextlib.contextmanager
-def _client_watch(receive: Receive | None, woken: asyncio.Event) -> Iterator[asyncio.Event]:
-    """An event set (and `woken` with it) when the client disconnects; only watched with `receive`."""
+def _client_watch(receive: Receive | None, woken: asyncio.Event | None = None) -> Iterator[asyncio.Event]:
+    """An event set (and `woken` too, if given) when the client disconnects; watched only with `receive`."""
     gone = asyncio.Event()
     if receive is None:
         yield gone
@@ -497,7 +497,8 @@ def _client_watch(receive: Receive | None, woken: asyncio.Event) -> Iterator[asy
         except Exception:  # the server could not say: take it that the client has gone
             log.debug("watching for the client to go away failed", exc_info=True)
         gone.set()
-        woken.set()
+        if woken is not None:
+            woken.set()
 
     task = asyncio.create_task(watch(), name="fastpubsub-client-watch")
     try:

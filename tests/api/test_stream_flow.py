@@ -127,8 +127,11 @@ async def test_streams_opened_together_spread_their_keep_alives(
         """Both as the application sent them (a slow reader would shorten or lengthen it)."""
         while await exchange.chunks.get() != b": keep-alive\n\n":
             pass
-        sent = {chunk: at for at, chunk in reversed(exchange.sent)}  # each comment's first time
-        return sent[b": keep-alive\n\n"] - sent[b": connected\n\n"]
+
+        def first(comment: bytes) -> float:
+            return next(at for at, chunk in exchange.sent if chunk == comment)
+
+        return first(b": keep-alive\n\n") - first(b": connected\n\n")
 
     async def measure(round_: int) -> tuple[list[float], float]:
         """The 20 streams' delays, and the longest the process stalled meanwhile."""
