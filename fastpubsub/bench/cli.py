@@ -52,7 +52,9 @@ def bench_all(
     batch: Batch = 100,
     payload_bytes: PayloadBytes = 230,
     rate: Annotated[float, typer.Option(min=1, help="End-to-end publish rate, msg/s")] = 100,
-    e2e_seconds: Annotated[float, typer.Option(min=1, help="How long the end-to-end phase runs")] = 10,
+    e2e_seconds: Annotated[
+        float, typer.Option(min=1, help="How long each end-to-end (and idle-stream) round runs")
+    ] = 10,
     messages: Annotated[int, typer.Option(min=1000, help="Backlog each consume+ack phase drains")] = 50_000,
     backlog: Annotated[
         int,

@@ -397,10 +397,14 @@ async def held_streams(url: str, client: workloads.Connect, server_pid: int | No
             subscription=f"{topic}-s",
             streams=o.idle_streams,
             rate=o.rate,
-            # 10 s each, with and without: at 100 msg/s a p99 of 1,000 publishes, and the
-            # streams' first keep-alives (12-15 s after each opens, over some 7 s) come during it.
-            seconds=10,
+            # Rounds as long as the end-to-end ones (10 s), without the streams and
+            # then with them: at 100 msg/s a p99 of 1,000 publishes each. The streams'
+            # keep-alives (the first 12-15 s after each opens, the streams opening
+            # over some 7 s) come during every round with them, spread out from the
+            # second on.
+            seconds=o.e2e_seconds,
             payload_bytes=o.payload_bytes,
+            rounds=o.rounds,
         )
     console.print(f"  {o.idle_streams:,} idle streams: server {result.extra['server_rss_mib']:,.0f} MiB")
     return result
@@ -627,6 +631,10 @@ def summary(results: dict[str, Any], o: Options) -> dict[str, Any]:
         "idle_streams_server_rss_mib": round(idle.extra["server_rss_mib"]),
         "idle_streams_publish_p99_ms": round(idle.extra["publish_p99_ms"], 2),
         "idle_streams_publish_p99_ms_without": round(idle.extra["publish_p99_ms_without"], 2),
+        "idle_streams_publish_p99_ms_rounds": [round(v, 2) for v in idle.extra["publish_p99_ms_rounds"]],
+        "idle_streams_publish_p99_ms_without_rounds": [
+            round(v, 2) for v in idle.extra["publish_p99_ms_without_rounds"]
+        ],
     }
     for key, option, consumer in E2E_PHASES:
         figures |= e2e_figures(results[key], key, getattr(o, option), consumer)
@@ -803,7 +811,7 @@ def table(f: dict[str, Any], o: Options) -> Table:
     t.add_row(*e2e_row(f, "e2e_fast"))
     t.add_row(*e2e_row(f, "e2e_fast_stream"))
     t.add_row(
-        f"{f['idle_streams']:,} idle streams: server memory; publish p99 with / without",
+        f"{f['idle_streams']:,} idle streams: server memory; publish p99 with / without, {rounds}",
         f"{f['idle_streams_server_rss_mib']:,} MiB; {f['idle_streams_publish_p99_ms']:.1f} / "
         f"{f['idle_streams_publish_p99_ms_without']:.1f} ms",
         "",
