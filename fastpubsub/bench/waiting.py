@@ -11,8 +11,9 @@
   With `websocket=True`, the same drain over WebSockets
   (`/subscriptions/{id}/ws`), each socket acking in batches in-band by receipt.
 * `idle_streams`: thousands of streams held open by one client process; the
-  server's memory, and the publish latency beside the same publishing without
-  them.
+  server's memory, and the latency of publishes to another topic beside the
+  same publishing without them (then, for comparison, of publishes to the
+  streams' own topic, each message leased by one of them).
 """
 
 from __future__ import annotations
@@ -482,19 +483,25 @@ async def idle_streams(
     rate: float,
     seconds: float,
     payload_bytes: int,
+    other_topic: str,
     rounds: int = 1,
     settle_seconds: float = 2,
 ) -> Result:
     """Hold `streams` idle streams on `subscription`; memory, and publish latency with and without them.
 
-    `rounds` spells of `seconds` publishing without the streams, then as many
-    with them, the first `settle_seconds` after the last stream opened; the
-    p50 and p99 reported are the medians of the rounds' (each round's listed).
+    The publishes go to `other_topic` (a topic with a subscription nobody
+    consumes), so that the streams stay idle: `rounds` spells of `seconds`
+    without the streams, then as many with them, the first `settle_seconds`
+    after the last stream opened. The p50 and p99 reported are the medians of
+    the rounds' (each round's listed). Then as many rounds publish to the
+    streams' own `topic`, each message leased by one of them (which never
+    acks): `publish_p99_ms_delivering`.
     """
     publisher = connect()
     try:
         quiet = [
-            await steady_publishes(publisher, topic, rate, seconds, payload_bytes) for _ in range(rounds)
+            await steady_publishes(publisher, other_topic, rate, seconds, payload_bytes)
+            for _ in range(rounds)
         ]
         rss_before = process_tree_rss(server_pid) if server_pid else 0
         context = multiprocessing.get_context("spawn")
@@ -516,6 +523,11 @@ async def idle_streams(
             publisher.close()  # idle all this while: the server may have closed it
             publisher = connect()
             busy = [
+                await steady_publishes(publisher, other_topic, rate, seconds, payload_bytes)
+                for _ in range(rounds)
+            ]
+            # Last: the leases these leave behind run out and are delivered again later.
+            delivering = [
                 await steady_publishes(publisher, topic, rate, seconds, payload_bytes) for _ in range(rounds)
             ]
         finally:
@@ -529,5 +541,7 @@ async def idle_streams(
         "server_rss_mib": rss_held / 2**20,
         "server_rss_mib_before": rss_before / 2**20,
         **publish_rounds(busy, quiet),
+        "publish_p99_ms_delivering": statistics.median(percentile(each, 99) for each in delivering),
+        "publish_p99_ms_delivering_rounds": [percentile(each, 99) for each in delivering],
     }
-    return Result(f"{streams} idle streams held", streams, seconds * rounds, extra)
+    return Result(f"{streams} idle streams held", streams, seconds * rounds * 2, extra)
