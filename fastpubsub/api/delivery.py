@@ -20,7 +20,7 @@ import contextlib
 import logging
 import math
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -299,10 +299,6 @@ class Delivery:
         # of its own each time: after every keep-alive of ten thousand idle
         # streams, it took a fifth of a worker's time.)
         with _client_watch(request.receive) as left:
-
-            async def gone() -> bool:
-                return left.is_set()
-
             try:
                 async for events in self.lease_batches(
                     subscription_id,
@@ -310,7 +306,7 @@ class Delivery:
                     Window(max_in_flight),
                     lease_seconds,
                     idle_seconds=KEEPALIVE_SECONDS,
-                    gone=gone,
+                    gone=left,
                 ):
                     if events:
                         yield b"".join(sse_event(message_id, data) for message_id, data in events)
@@ -329,7 +325,7 @@ class Delivery:
         lease_seconds: float,
         *,
         idle_seconds: float = math.inf,
-        gone: Callable[[], Awaitable[bool]] | None = None,
+        gone: asyncio.Event | None = None,
     ) -> AsyncIterator[list[tuple[UUID, str]]]:
         """Lease messages as they come, never holding more than the window has room for.
 
@@ -347,7 +343,7 @@ class Delivery:
         keeps waiting (idle batches go on) and resumes when it is back, up to
         the outage limit, then raises DatabaseUnavailableError; other
         fastpubsub errors (the subscription was deleted, ...) end it too. It
-        ends when the server stops or `gone()` says the client has left.
+        ends when the server stops or `gone` is set (the client has left).
         """
         loop = asyncio.get_running_loop()
         hub = self.hub
@@ -424,7 +420,7 @@ class Delivery:
                         written = loop.time()
                         quiet_until = quiet_end(written, idle_seconds)
                         kept_alive = not woken and not waiter.event.is_set()
-                    if gone is not None and await gone():
+                    if gone is not None and gone.is_set():
                         return
             finally:
                 window.waiter = None

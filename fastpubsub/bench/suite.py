@@ -634,15 +634,10 @@ def summary(results: dict[str, Any], o: Options) -> dict[str, Any]:
         "idle_streams_server_rss_mib": round(idle.extra["server_rss_mib"]),
         "idle_streams_publish_p99_ms": round(idle.extra["publish_p99_ms"], 2),
         "idle_streams_publish_p99_ms_without": round(idle.extra["publish_p99_ms_without"], 2),
-        "idle_streams_publish_p99_ms_rounds": [round(v, 2) for v in idle.extra["publish_p99_ms_rounds"]],
         "idle_streams_publish_p99_ms_delivering": round(idle.extra["publish_p99_ms_delivering"], 2),
-        "idle_streams_publish_p99_ms_delivering_rounds": [
-            round(v, 2) for v in idle.extra["publish_p99_ms_delivering_rounds"]
-        ],
-        "idle_streams_publish_p99_ms_without_rounds": [
-            round(v, 2) for v in idle.extra["publish_p99_ms_without_rounds"]
-        ],
     }
+    for key in ("publish_p99_ms", "publish_p99_ms_without", "publish_p99_ms_delivering"):
+        figures[f"idle_streams_{key}_rounds"] = [round(v, 2) for v in idle.extra[f"{key}_rounds"]]
     for key, option, consumer in E2E_PHASES:
         figures |= e2e_figures(results[key], key, getattr(o, option), consumer)
     figures["targets_met"] = all(
