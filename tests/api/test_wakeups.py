@@ -35,7 +35,11 @@ def long_poll(api: httpx.AsyncClient, consumer: str, wait: float = 10) -> asynci
 
 
 async def settle_waiters(api: httpx.AsyncClient, count: int) -> None:
-    """Until `count` waiters of s are registered (each has looked once and found nothing)."""
+    """Until `count` waiters of s are registered and none of them is woken.
+
+    A new interest's waiters look again later (wakeups.NEW_INTEREST_LOOKS): a
+    test that needs them past those sleeps on.
+    """
     hub = api.app.state.hub  # type: ignore[attr-defined]
     for _ in range(200):
         queue = hub._queues.get("s")
@@ -88,11 +92,16 @@ async def test_another_process_hears_of_a_publish_and_no_data_transaction_notifi
         listener.execute("LISTEN fastpubsub")
         poll = long_poll(b, "far")
         await settle_waiters(b, 1)
+        # Past b's extra looks of a new interest: only a's word can bring b the message.
+        await asyncio.sleep(max(wakeups.NEW_INTEREST_LOOKS) + 0.1)
+        sent = a.app.state.hub.notifications_sent  # type: ignore[attr-defined]
         started = time.monotonic()
         await a.post("/topics/t/messages", json=[{"n": 1}])
         (message,) = await asyncio.wait_for(poll, 5)
         assert message["payload"] == {"n": 1}
         assert time.monotonic() - started < 1
+        assert a.app.state.hub.notifications_sent == sent + 1  # type: ignore[attr-defined]
+        # (Reading the listener blocks this loop, and a's sender with it: only now.)
         heard = [n.payload for n in listener.notifies(timeout=0.5)]
     tag = a.app.state.hub.tag  # type: ignore[attr-defined]
     # Only the processes' own notifications (b saying it waits on s; a's one wake-up),
