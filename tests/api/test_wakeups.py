@@ -195,9 +195,12 @@ async def test_a_publish_its_own_waiters_take_wakes_no_other_process(
         await settle_waiters(a, 1)
         await asyncio.sleep(max(wakeups.NEW_INTEREST_LOOKS) + 0.1)
         list(listener.notifies(timeout=0.2))  # the interests declared so far
+        sent = a.app.state.hub.notifications_sent  # type: ignore[attr-defined]
         await a.post("/topics/t/messages", json=[{"n": 1}])
         (message,) = await asyncio.wait_for(near, 5)
         assert message["payload"] == {"n": 1}
+        await asyncio.sleep(0.2)  # time for a's sender, were it to send (the listener blocks this loop)
+        assert a.app.state.hub.notifications_sent == sent  # type: ignore[attr-defined]
         heard = [n.payload for n in listener.notifies(timeout=0.5)]
         assert not far.done()  # b never looked: nothing was left for it
     tag = a.app.state.hub.tag  # type: ignore[attr-defined]
