@@ -13,6 +13,7 @@ import grp
 import importlib.util
 import os
 import pwd
+import shlex
 import shutil
 import socket
 import stat
@@ -24,6 +25,8 @@ from pathlib import Path
 from fastpubsub.exceptions import EmbeddedDatabaseError
 
 _SERVER_USER_CANDIDATES = ("postgres", "fastpubsub")
+# The longest Unix-domain socket path the server accepts (sun_path less its NUL).
+UNIX_SOCKET_PATH_MAX = 107
 
 # Settings that make a throwaway test cluster fast; never used for `dev`.
 EPHEMERAL_SETTINGS = {
@@ -213,6 +216,17 @@ class EmbeddedPostgres:
             host = "127.0.0.1"
         return RunningServer(host=host, port=int(lines[3]))
 
+    def socket_directory(self, port: int) -> str:
+        """Where the server puts its Unix-domain socket: the data directory, or none at all.
+
+        A socket's path holds at most UNIX_SOCKET_PATH_MAX bytes; under a deeper
+        data directory the server listens on TCP only (everything here connects
+        over TCP; the socket is only a convenience for psql).
+        """
+        if len(os.fsencode(self.pgdata / f".s.PGSQL.{port}")) > UNIX_SOCKET_PATH_MAX:
+            return ""
+        return str(self.pgdata)
+
     # -- lifecycle -----------------------------------------------------------
     def init(self) -> bool:
         """Create the cluster if it does not exist; return True if it was created."""
@@ -241,8 +255,9 @@ class EmbeddedPostgres:
         if current is not None:
             return current
         port = self.port or free_port()
-        options = [f"-h 127.0.0.1 -p {port} -k {self.pgdata}"]
-        options += [f"-c {key}={value}" for key, value in self.settings.items()]
+        # pg_ctl hands these options to a shell: every value is quoted.
+        options = [f"-h 127.0.0.1 -p {port} -k {shlex.quote(self.socket_directory(port))}"]
+        options += [f"-c {shlex.quote(f'{key}={value}')}" for key, value in self.settings.items()]
         self._run(
             "pg_ctl",
             "-D",

@@ -1,17 +1,20 @@
-"""The embedded server's permission handling: only the directories that need it, by one bit."""
+"""The embedded server: permissions for only the directories that need them, by one bit; data
+directories whatever their path (spaces, too deep for a Unix-domain socket)."""
 
 from __future__ import annotations
 
 import os
 import pwd
+import shutil
 import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
-from fastpubsub.embedded import grant_traversal
+from fastpubsub.embedded import EPHEMERAL_SETTINGS, UNIX_SOCKET_PATH_MAX, EmbeddedPostgres, grant_traversal
 
 
 @pytest.fixture
@@ -66,3 +69,21 @@ def test_the_owner_bit_is_used_for_the_owner(base: Path) -> None:
     owned.chmod(0o600)
     assert grant_traversal(owned, me) == [owned]
     assert mode(owned) == 0o700  # u+x, not o+x
+
+
+@pytest.mark.parametrize("deep", [False, True], ids=["a space in the path", "too deep for a socket"])
+def test_a_cluster_starts_wherever_its_data_directory_is(deep: bool) -> None:
+    parent = Path(tempfile.mkdtemp(prefix="fps "))  # short: the socket fits unless made deep
+    data_dir = parent / ("d" * UNIX_SOCKET_PATH_MAX if deep else "data dir")
+    embedded = EmbeddedPostgres(data_dir, settings=EPHEMERAL_SETTINGS)
+    try:
+        running = embedded.start()
+        with psycopg.connect(running.url(driver=""), autocommit=True) as conn:
+            (sockets,) = conn.execute("SHOW unix_socket_directories").fetchone() or ("?",)
+            (fsync,) = conn.execute("SHOW fsync").fetchone() or ("?",)
+        assert sockets == ("" if deep else str(embedded.pgdata))
+        assert fsync == "off"  # the settings reach the server too
+        assert (embedded.pgdata / f".s.PGSQL.{running.port}").exists() is not deep
+    finally:
+        embedded.destroy()
+        shutil.rmtree(parent, ignore_errors=True)
