@@ -25,14 +25,18 @@ install: $(STAMP) ## Create .venv and install fastpubsub with its extras
 run: $(STAMP) ## Serve the API on http://127.0.0.1:8000 (PORT=8080 for another; embedded PostgreSQL unless FASTPUBSUB_DATABASE_URL is set)
 	$(BIN)/fastpubsub dev $(if $(PORT),--port $(PORT))
 
-test: $(STAMP) ## Run the whole test suite against a real PostgreSQL
-	$(BIN)/python -m pytest
+# Test processes (pytest-xdist workers, each with its own PostgreSQL); 0 runs in this one.
+TEST_WORKERS ?= 2
+PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist worksteal)
+
+test: $(STAMP) ## Run the whole test suite against a real PostgreSQL (TEST_WORKERS=2 processes)
+	$(BIN)/python -m pytest $(PARALLEL)
 
 test-fast: $(STAMP) ## Run the tests without Spark, browser and slow end-to-end tests
-	$(BIN)/python -m pytest -m "not spark and not browser and not slow"
+	$(BIN)/python -m pytest $(PARALLEL) -m "not spark and not browser and not slow"
 
 test-db: $(STAMP) ## The database-facing tests only: the SQL functions and the API on them
-	$(BIN)/python -m pytest -q -m "not spark and not browser and not slow" tests/db tests/api
+	$(BIN)/python -m pytest $(PARALLEL) -q -m "not spark and not browser and not slow" tests/db tests/api
 
 PG_VERSIONS ?= 14 15 16 17 18
 test-matrix: $(STAMP) ## The database-facing tests (test-db) on PostgreSQL 14-18 containers (needs a Docker engine)

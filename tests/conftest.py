@@ -16,6 +16,10 @@ few hundred small files, which costs ~300 ms on a virtual disk and ~15 ms in
 memory, for each of the suite's tests. FASTPUBSUB_TEST_SCRATCH names another
 parent folder (e.g. /tmp). The folder is removed after a passing session and
 kept, with its server logs, after a failing one.
+
+make test runs the suite in pytest-xdist workers: each worker is a session of
+its own (its own embedded PostgreSQL and template), all in the controller's
+scratch folder.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -106,6 +111,13 @@ SCRATCH = pytest.StashKey[Path]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    worker = getattr(config, "workerinput", None)  # a pytest-xdist worker (make test runs two)
+    if worker is not None:
+        # The controller checked the setup and made the scratch folder: its
+        # workers' clusters go there too, each in a folder of its own.
+        if worker.get("fastpubsub_scratch"):
+            config.stash[SCRATCH] = Path(worker["fastpubsub_scratch"])
+        return
     image = os.environ.get("FASTPUBSUB_TEST_POSTGRES_IMAGE")
     if image and (problem := docker_engine_problem()):
         raise pytest.UsageError(
@@ -119,10 +131,17 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.basetemp = str(scratch / "tmp")
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist starts a worker: tell it the session's scratch folder."""
+    scratch = node.config.stash.get(SCRATCH, None)
+    node.workerinput["fastpubsub_scratch"] = str(scratch) if scratch is not None else ""
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     scratch = session.config.stash.get(SCRATCH, None)
-    if scratch is None:
-        return
+    if scratch is None or hasattr(session.config, "workerinput"):
+        return  # (a worker's: the controller removes or keeps it once all are done)
     if exitstatus == 0:
         shutil.rmtree(scratch, ignore_errors=True)
     else:

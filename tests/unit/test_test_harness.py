@@ -54,9 +54,12 @@ def test_where_the_files_go(pg_server, tmp_path):
 
 
 def run_inner_session(
-    tmp_path: Path, scratch: Path, outcome: str
+    tmp_path: Path, scratch: Path, outcome: str, workers: int = 0
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
-    """A pytest session of one test on the suite's own harness, its scratch folder under `scratch`."""
+    """A pytest session of one test on the suite's own harness, its scratch folder under `scratch`.
+
+    With `workers`, the test runs in one of that many pytest-xdist workers (as in make test).
+    """
     inner = tmp_path / f"inner-{outcome}"
     inner.mkdir()
     (inner / "test_inner.py").write_text(INNER_TEST)
@@ -68,7 +71,8 @@ def run_inner_session(
         "HARNESS_OUTCOME": outcome,
     }
     harness = ["-c", str(ROOT / "pyproject.toml"), "-p", "tests.conftest", "-p", "no:cacheprovider"]
-    result = run_pytest([*harness, "-q", str(inner / "test_inner.py")], env)
+    parallel = ["-n", str(workers)] if workers else ["-p", "no:xdist"]
+    result = run_pytest([*harness, *parallel, "-q", str(inner / "test_inner.py")], env)
     assert report.exists(), result.stdout + result.stderr
     return result, json.loads(report.read_text())
 
@@ -81,18 +85,22 @@ def scratch() -> Iterator[Path]:
     shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.mark.parametrize("workers", [0, 1], ids=["one process", "in a worker"])
 def test_the_cluster_and_tmp_paths_live_in_the_scratch_folder_removed_after_a_passing_session(
-    tmp_path: Path, scratch: Path
+    tmp_path: Path, scratch: Path, workers: int
 ) -> None:
-    result, seen = run_inner_session(tmp_path, scratch, "pass")
+    result, seen = run_inner_session(tmp_path, scratch, "pass", workers)
     assert result.returncode == 0, result.stdout + result.stderr
     assert Path(seen["cluster"]).is_relative_to(scratch)
     assert Path(seen["tmp_path"]).is_relative_to(scratch)
     assert list(scratch.iterdir()) == []  # the session's folder went with it
 
 
-def test_a_failing_session_keeps_its_scratch_folder_and_says_where(tmp_path: Path, scratch: Path) -> None:
-    result, seen = run_inner_session(tmp_path, scratch, "fail")
+@pytest.mark.parametrize("workers", [0, 1], ids=["one process", "in a worker"])
+def test_a_failing_session_keeps_its_scratch_folder_and_says_where(
+    tmp_path: Path, scratch: Path, workers: int
+) -> None:
+    result, seen = run_inner_session(tmp_path, scratch, "fail", workers)
     assert result.returncode == 1
     (kept,) = scratch.iterdir()
     assert f"scratch files (server logs) kept in {kept}" in result.stdout
