@@ -396,7 +396,7 @@ def dev(
     from fastpubsub import dev as dev_record
     from fastpubsub import migrate
     from fastpubsub.db.urls import mask_url
-    from fastpubsub.embedded import EmbeddedPostgres, free_port
+    from fastpubsub.embedded import EmbeddedPostgres, port_free
 
     settings = _settings()
     host = host or settings.api_host
@@ -409,7 +409,7 @@ def dev(
             f"{running_dev.api_url}); stop it first",
             EXIT_CODES[ConfigurationError],
         )
-    if not dev_record.port_free(port, host):
+    if not port_free(port, host):
         raise fail(
             f"port {port} is in use on {host}: choose another with --port (make run PORT=8080)",
             EXIT_CODES[ConfigurationError],
@@ -429,9 +429,7 @@ def dev(
         if not url:
             directory = records_in
             stable = dev_record.DATABASE_PORT
-            embedded = EmbeddedPostgres(
-                directory, port=stable if dev_record.port_free(stable) else free_port()
-            )
+            embedded = EmbeddedPostgres(directory, preferred_port=stable)
             if reset:
                 typer.echo(f"Deleting the embedded database in {directory.resolve()}")
                 embedded.destroy()

@@ -10,10 +10,8 @@ to the next.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -78,16 +76,6 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True  # someone else's process, but running
     return True
-
-
-def port_free(port: int, host: str = "127.0.0.1") -> bool:
-    """True when nothing listens on host:port now (and it may be bound)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        with contextlib.suppress(OSError):
-            sock.bind((host, port))
-            return True
-    return False
 
 
 def api_url(host: str, port: int) -> str:

@@ -9,6 +9,7 @@ system user instead.
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import importlib.util
 import os
@@ -66,6 +67,16 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True when nothing listens on host:port now (and it may be bound)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        with contextlib.suppress(OSError):
+            sock.bind((host, port))
+            return True
+    return False
 
 
 def _server_user() -> str | None:
@@ -144,13 +155,16 @@ class EmbeddedPostgres:
         data_dir: Path,
         *,
         port: int | None = None,
+        preferred_port: int | None = None,
         settings: dict[str, str] | None = None,
         bin_dir: Path | None = None,
     ) -> None:
         self.data_dir = data_dir.resolve()
         self.pgdata = self.data_dir / "pgdata"
         self.log_file = self.data_dir / "postgres.log"
+        # `port`: that one or fail; `preferred_port`: that one when free, else any free one.
         self.port = port
+        self.preferred_port = preferred_port
         self.settings = dict(settings or {})
         self.bin_dir = bin_dir or find_binaries()
         self.user = _server_user()
@@ -254,7 +268,25 @@ class EmbeddedPostgres:
         current = self.running()
         if current is not None:
             return current
-        port = self.port or free_port()
+        preferred = self.preferred_port if self.preferred_port and port_free(self.preferred_port) else None
+        port = self.port or preferred or free_port()
+        try:
+            self._start_on(port, timeout)
+        except EmbeddedDatabaseError:
+            if self.port or port != preferred or port_free(port):
+                raise
+            # Taken between the look and the start (another server starting at the same time).
+            self._start_on(free_port(), timeout)
+        self.started = True
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            current = self.running()
+            if current is not None:
+                return current
+            time.sleep(0.1)
+        raise EmbeddedDatabaseError(f"PostgreSQL did not become ready; see {self.log_file}")
+
+    def _start_on(self, port: int, timeout: float) -> None:
         # pg_ctl hands these options to a shell: every value is quoted.
         options = [f"-h 127.0.0.1 -p {port} -k {shlex.quote(self.socket_directory(port))}"]
         options += [f"-c {shlex.quote(f'{key}={value}')}" for key, value in self.settings.items()]
@@ -272,14 +304,6 @@ class EmbeddedPostgres:
             "start",
             timeout=timeout + 10,
         )
-        self.started = True
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            current = self.running()
-            if current is not None:
-                return current
-            time.sleep(0.1)
-        raise EmbeddedDatabaseError(f"PostgreSQL did not become ready; see {self.log_file}")
 
     def stop(self, mode: str = "fast") -> None:
         """Stop the server if it runs."""

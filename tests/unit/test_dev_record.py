@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fastpubsub import dev
+from fastpubsub import dev, embedded
 from fastpubsub.settings import is_loopback
 
 
@@ -89,5 +89,5 @@ def test_port_free() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        assert not dev.port_free(port)
-    assert dev.port_free(port)
+        assert not embedded.port_free(port)
+    assert embedded.port_free(port)

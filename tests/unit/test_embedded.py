@@ -1,11 +1,13 @@
 """The embedded server: permissions for only the directories that need them, by one bit; data
-directories whatever their path (spaces, too deep for a Unix-domain socket)."""
+directories whatever their path (spaces, too deep for a Unix-domain socket); a preferred port
+that is taken."""
 
 from __future__ import annotations
 
 import os
 import pwd
 import shutil
+import socket
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -14,6 +16,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from fastpubsub import embedded as embedded_module
 from fastpubsub.embedded import EPHEMERAL_SETTINGS, UNIX_SOCKET_PATH_MAX, EmbeddedPostgres, grant_traversal
 
 
@@ -84,6 +87,48 @@ def test_a_cluster_starts_wherever_its_data_directory_is(deep: bool) -> None:
         assert sockets == ("" if deep else str(embedded.pgdata))
         assert fsync == "off"  # the settings reach the server too
         assert (embedded.pgdata / f".s.PGSQL.{running.port}").exists() is not deep
+    finally:
+        embedded.destroy()
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+@pytest.mark.parametrize("when", ["before the look", "between the look and the start"])
+def test_a_preferred_port_that_is_taken_gives_way_to_a_free_one(
+    when: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    looks: list[int] = []
+    real_port_free = embedded_module.port_free
+
+    def port_free(port: int, host: str = "127.0.0.1") -> bool:
+        looks.append(port)
+        if when != "before the look" and len(looks) == 1:
+            return True  # the look found it free: it is taken just after
+        return real_port_free(port, host)
+
+    monkeypatch.setattr(embedded_module, "port_free", port_free)
+    parent = Path(tempfile.mkdtemp(prefix="fps-"))
+    with socket.socket() as holder:  # another program on the preferred port
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        embedded = EmbeddedPostgres(parent / "data", preferred_port=taken, settings=EPHEMERAL_SETTINGS)
+        try:
+            running = embedded.start()
+            with psycopg.connect(running.url(driver=""), autocommit=True) as conn:
+                assert conn.execute("SELECT 1").fetchone() == (1,)
+            assert running.port != taken
+            assert looks == ([taken] if when == "before the look" else [taken, taken])
+        finally:
+            embedded.destroy()
+            shutil.rmtree(parent, ignore_errors=True)
+
+
+def test_a_free_preferred_port_is_the_one_used() -> None:
+    parent = Path(tempfile.mkdtemp(prefix="fps-"))
+    preferred = embedded_module.free_port()
+    embedded = EmbeddedPostgres(parent / "data", preferred_port=preferred, settings=EPHEMERAL_SETTINGS)
+    try:
+        assert embedded.start().port == preferred
     finally:
         embedded.destroy()
         shutil.rmtree(parent, ignore_errors=True)
