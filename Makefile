@@ -27,7 +27,7 @@ run: $(STAMP) ## Serve the API on http://127.0.0.1:8000 (PORT=8080 for another; 
 
 # Test processes (pytest-xdist workers, each with its own PostgreSQL); 0 runs in this one.
 TEST_WORKERS ?= 2
-PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist worksteal)
+PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadgroup)
 
 test: $(STAMP) ## Run the whole test suite against a real PostgreSQL (TEST_WORKERS=2 processes)
 	$(BIN)/python -m pytest $(PARALLEL)

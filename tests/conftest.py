@@ -138,6 +138,22 @@ def pytest_configure_node(node: Any) -> None:
     node.workerinput["fastpubsub_scratch"] = str(scratch) if scratch is not None else ""
 
 
+# The longest folders first, so that no worker is left with a long test at the end.
+_FIRST = ("tests/spark/", "tests/e2e/", "tests/client/")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Spark's tests share one JVM and module databases: they run in one worker, from the start."""
+
+    def rank(item: pytest.Item) -> int:
+        return next((n for n, prefix in enumerate(_FIRST) if item.nodeid.startswith(prefix)), len(_FIRST))
+
+    items.sort(key=rank)  # stable: each file's tests stay together, in their order
+    for item in items:
+        if item.get_closest_marker("spark"):
+            item.add_marker(pytest.mark.xdist_group("spark"))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     scratch = session.config.stash.get(SCRATCH, None)
     if scratch is None or hasattr(session.config, "workerinput"):
