@@ -115,7 +115,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if worker is not None:
         # The controller checked the setup and made the scratch folder: its
         # workers' clusters go there too, each in a folder of its own.
-        if worker.get("fastpubsub_scratch"):
+        if "fastpubsub_scratch" in worker:
             config.stash[SCRATCH] = Path(worker["fastpubsub_scratch"])
         return
     image = os.environ.get("FASTPUBSUB_TEST_POSTGRES_IMAGE")
@@ -135,7 +135,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_configure_node(node: Any) -> None:
     """pytest-xdist starts a worker: tell it the session's scratch folder."""
     scratch = node.config.stash.get(SCRATCH, None)
-    node.workerinput["fastpubsub_scratch"] = str(scratch) if scratch is not None else ""
+    if scratch is not None:
+        node.workerinput["fastpubsub_scratch"] = str(scratch)
 
 
 # The longest folders first, so that no worker is left with a long test at the end.

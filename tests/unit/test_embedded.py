@@ -10,8 +10,9 @@ import shutil
 import socket
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -74,27 +75,39 @@ def test_the_owner_bit_is_used_for_the_owner(base: Path) -> None:
     assert mode(owned) == 0o700  # u+x, not o+x
 
 
+@pytest.fixture
+def clusters() -> Iterator[Callable[..., EmbeddedPostgres]]:
+    """Make clusters under a short folder of this test's own (a socket path fits in it); all removed after."""
+    parent = Path(tempfile.mkdtemp(prefix="fps "))
+    made: list[EmbeddedPostgres] = []
+
+    def make(name: str, **options: Any) -> EmbeddedPostgres:
+        made.append(EmbeddedPostgres(parent / name, settings=EPHEMERAL_SETTINGS, **options))
+        return made[-1]
+
+    yield make
+    for cluster in made:
+        cluster.destroy()
+    shutil.rmtree(parent, ignore_errors=True)
+
+
 @pytest.mark.parametrize("deep", [False, True], ids=["a space in the path", "too deep for a socket"])
-def test_a_cluster_starts_wherever_its_data_directory_is(deep: bool) -> None:
-    parent = Path(tempfile.mkdtemp(prefix="fps "))  # short: the socket fits unless made deep
-    data_dir = parent / ("d" * UNIX_SOCKET_PATH_MAX if deep else "data dir")
-    embedded = EmbeddedPostgres(data_dir, settings=EPHEMERAL_SETTINGS)
-    try:
-        running = embedded.start()
-        with psycopg.connect(running.url(driver=""), autocommit=True) as conn:
-            (sockets,) = conn.execute("SHOW unix_socket_directories").fetchone() or ("?",)
-            (fsync,) = conn.execute("SHOW fsync").fetchone() or ("?",)
-        assert sockets == ("" if deep else str(embedded.pgdata))
-        assert fsync == "off"  # the settings reach the server too
-        assert (embedded.pgdata / f".s.PGSQL.{running.port}").exists() is not deep
-    finally:
-        embedded.destroy()
-        shutil.rmtree(parent, ignore_errors=True)
+def test_a_cluster_starts_wherever_its_data_directory_is(
+    deep: bool, clusters: Callable[..., EmbeddedPostgres]
+) -> None:
+    embedded = clusters("d" * UNIX_SOCKET_PATH_MAX if deep else "data dir")
+    running = embedded.start()
+    with psycopg.connect(running.url(driver=""), autocommit=True) as conn:
+        (sockets,) = conn.execute("SHOW unix_socket_directories").fetchone() or ("?",)
+        (fsync,) = conn.execute("SHOW fsync").fetchone() or ("?",)
+    assert sockets == ("" if deep else str(embedded.pgdata))
+    assert fsync == "off"  # the settings reach the server too
+    assert (embedded.pgdata / f".s.PGSQL.{running.port}").exists() is not deep
 
 
 @pytest.mark.parametrize("when", ["before the look", "between the look and the start"])
 def test_a_preferred_port_that_is_taken_gives_way_to_a_free_one(
-    when: str, monkeypatch: pytest.MonkeyPatch
+    when: str, monkeypatch: pytest.MonkeyPatch, clusters: Callable[..., EmbeddedPostgres]
 ) -> None:
     looks: list[int] = []
     real_port_free = embedded_module.port_free
@@ -106,29 +119,17 @@ def test_a_preferred_port_that_is_taken_gives_way_to_a_free_one(
         return real_port_free(port, host)
 
     monkeypatch.setattr(embedded_module, "port_free", port_free)
-    parent = Path(tempfile.mkdtemp(prefix="fps-"))
     with socket.socket() as holder:  # another program on the preferred port
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         taken = holder.getsockname()[1]
-        embedded = EmbeddedPostgres(parent / "data", preferred_port=taken, settings=EPHEMERAL_SETTINGS)
-        try:
-            running = embedded.start()
-            with psycopg.connect(running.url(driver=""), autocommit=True) as conn:
-                assert conn.execute("SELECT 1").fetchone() == (1,)
-            assert running.port != taken
-            assert looks == ([taken] if when == "before the look" else [taken, taken])
-        finally:
-            embedded.destroy()
-            shutil.rmtree(parent, ignore_errors=True)
+        running = clusters("data", preferred_port=taken).start()
+        with psycopg.connect(running.url(driver=""), autocommit=True) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        assert running.port != taken
+        assert looks == ([taken] if when == "before the look" else [taken, taken])
 
 
-def test_a_free_preferred_port_is_the_one_used() -> None:
-    parent = Path(tempfile.mkdtemp(prefix="fps-"))
+def test_a_free_preferred_port_is_the_one_used(clusters: Callable[..., EmbeddedPostgres]) -> None:
     preferred = embedded_module.free_port()
-    embedded = EmbeddedPostgres(parent / "data", preferred_port=preferred, settings=EPHEMERAL_SETTINGS)
-    try:
-        assert embedded.start().port == preferred
-    finally:
-        embedded.destroy()
-        shutil.rmtree(parent, ignore_errors=True)
+    assert clusters("data", preferred_port=preferred).start().port == preferred
