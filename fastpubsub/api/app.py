@@ -15,7 +15,7 @@ from prometheus_fastapi_instrumentator import Instrumentator
 from prometheus_fastapi_instrumentator import metrics as prometheus_metrics
 
 from fastpubsub import __version__, console, migrate
-from fastpubsub.api import docs, errors
+from fastpubsub.api import docs, errors, siblings
 from fastpubsub.api.backfill import Backfills
 from fastpubsub.api.delivery import Delivery
 from fastpubsub.api.deps import ClientStateCache
@@ -79,7 +79,7 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
         statement_timeout_ms=settings.database_statement_timeout_ms,
         notify=False,  # this process wakes consumers itself, after the commit (api/wakeups.py)
     )
-    hub = WakeHub(db, notify_interval=settings.notify_interval_ms / 1000)
+    hub = WakeHub(db, notify_interval=settings.notify_interval_ms / 1000, siblings=siblings.configured())
     delivery = Delivery(
         db,
         hub,

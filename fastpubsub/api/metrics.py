@@ -40,6 +40,12 @@ NACKED = Counter("fastpubsub_messages_nacked_total", "Messages negatively acknow
 DEAD_LETTERED = Counter(
     "fastpubsub_messages_dead_lettered_total", "Messages moved to the DLQ by a nack", ["subscription"]
 )
+WAKEUP_NOTICES = Counter(
+    "fastpubsub_wakeup_notices_total",
+    "News of messages or waiting consumers heard from other processes, by the way it came "
+    "(worker: another worker of this server, directly; database: a notification)",
+    ["via"],
+)
 
 _STATES = ("available", "delivered", "delayed", "acked", "dlq")
 # The methods HTTP metrics are labelled with (routes use some of these; the rest get 405).

@@ -15,9 +15,12 @@ Where the news comes from:
 * this process's own publishes, nacks, reprocessing and replays (after their
   commit; the server's sessions send no NOTIFY from inside a transaction);
 * the other processes: each sends one coalesced notification on the
-  fastpubsub channel (`@<sender> orders=3 settled:orders=1`), outside any data
-  transaction, at most one at a time and at most every `notify_interval`
-  seconds, and ignores its own when they come back. It names only
+  fastpubsub channel (`@<sender>:<number> orders=3 settled:orders=1`), outside
+  any data transaction, at most one at a time and at most every
+  `notify_interval` seconds, and ignores its own when they come back. The
+  workers of one server also hand each other the same payload directly, a
+  round trip sooner (api/siblings.py), and then ignore the notification's
+  copy (_Echoes: by sender and number). It names only
   subscriptions some other process waits on: each process declares those
   (`@<sender> +orders`, renewed every few seconds, and for INTEREST_SECONDS
   after its last waiter left: a consumer long-polling in a loop leaves and
@@ -45,6 +48,8 @@ import secrets
 from collections.abc import Iterable, Iterator, Sequence
 from uuid import UUID
 
+from fastpubsub.api.metrics import WAKEUP_NOTICES
+from fastpubsub.api.siblings import SiblingRelay, Siblings
 from fastpubsub.db import Database, NotificationListener
 from fastpubsub.db.listener import NotificationSender
 from fastpubsub.exceptions import FastPubSubError
@@ -88,6 +93,13 @@ KNOWN_EMPTY_SECONDS = 5.0
 # The stream renewing an expired empty look answers for the others for at most
 # this long (if its look fails, another stream looks after that).
 RENEWAL_SECONDS = 1.0
+
+
+# Senders whose notifications this process heard by one way only (a sibling's
+# datagram, or the notification that raced ahead of it) are kept up to this
+# many; beyond, all are forgotten (a copy may then be acted on twice: one
+# extra look).
+MAX_ECHO_SENDERS = 256
 
 
 # The hubs of the applications running in this process: the worker tells them
@@ -156,10 +168,17 @@ class _Queue:
 class WakeHub:
     """This process's waiting consumers, the notifications that wake them and those it sends."""
 
-    def __init__(self, database: Database, *, notify_interval: float = 0.002) -> None:
+    def __init__(
+        self, database: Database, *, notify_interval: float = 0.002, siblings: Siblings | None = None
+    ) -> None:
         self.database = database
         self.notify_interval = notify_interval
-        self.tag = f"{os.getpid()}.{secrets.token_hex(3)}"
+        # Starts with the process's pid (the sibling's id: _Echoes.sibling_pid reads it back).
+        self.tag = f"{siblings.me if siblings else os.getpid()}.{secrets.token_hex(3)}"
+        self.siblings = siblings
+        self.relay: SiblingRelay | None = None  # bound at start, when there are siblings
+        self._sequence = 0  # numbers this process's notifications (siblings drop the copies)
+        self._echoes = _Echoes()
         self.stopping = asyncio.Event()
         self.listener = NotificationListener(
             database.url,
@@ -172,14 +191,20 @@ class WakeHub:
         self._queues: dict[str, _Queue] = {}
         self._pending: dict[str, int] = {}
         self._declare_pending: set[str] = set()
-        self._others: dict[str, float] = {}  # subscriptions others wait on, until (loop time)
+        # Subscriptions others wait on: which processes (tags), until when (loop time).
+        self._others: dict[str, dict[str, float]] = {}
+        # Set by what is pending for a process that only a notification reaches (see _tell).
+        self._pending_for_database = False
+        self._pending_siblings: set[int] = set()  # workers whose datagram what is pending needs
         self._tell_everything_until = math.inf  # until everyone's interests are known
         self._subscriptions: dict[str, tuple[float, Subscription]] = {}
         self._touching: set[asyncio.Task[None]] = set()
         self._sender: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        # Counted for the benchmark and the tests: notifications sent and looks woken.
+        # Counted for the benchmark and the tests: notifications sent, news only
+        # the workers of this server needed (no notification), and looks woken.
         self.notifications_sent = 0
+        self.sibling_only_sends = 0
         self.wakeups = 0
 
     @property
@@ -187,6 +212,8 @@ class WakeHub:
         return self.listener.connected
 
     async def start(self) -> None:
+        if self.siblings is not None:
+            self.relay = SiblingRelay.open(self.siblings, self._heard_from_sibling)
         await self.listener.start()
         self._tasks = [
             asyncio.create_task(self._touch_streams(), name="fastpubsub-touch-streams"),
@@ -222,6 +249,9 @@ class WakeHub:
                 await self._sender
         await self.sender.close()
         await self.listener.stop()
+        if self.relay is not None:
+            self.relay.close()
+            self.relay = None
 
     # -- waiters ------------------------------------------------------------------------
 
@@ -480,19 +510,28 @@ class WakeHub:
 
     # -- what the other processes say -------------------------------------------------------
 
-    def heard(self, payload: str) -> None:
-        """A notification: `[@sender] name[=count] ...`, or `*`."""
+    def _heard_from_sibling(self, payload: str) -> None:
+        self.heard(payload, sibling=True)
+
+    def heard(self, payload: str, *, sibling: bool = False) -> None:
+        """A notification, or (`sibling`) a worker's datagram: `[@sender[:n]] name[=count] ...` or `*`."""
         names = payload.split()
+        sender = ""
         if names and names[0].startswith("@"):
-            if names[0] == f"@{self.tag}":
+            sender, _, number = names[0][1:].partition(":")
+            if sender == self.tag:
                 return  # our own, acted on already
+            if number.isdigit() and not self._echoes.first(sender, int(number), sibling):
+                return  # the copy of what a sibling handed over (or of what the notification brought first)
             names = names[1:]
+        WAKEUP_NOTICES.labels("worker" if sibling else "database").inc()
         for word in names:
             if word == "*":
                 self.wake_everyone()
                 return
             if word.startswith("+"):  # someone waits on this subscription
-                self._others[word[1:]] = asyncio.get_running_loop().time() + INTEREST_SECONDS
+                until = asyncio.get_running_loop().time() + INTEREST_SECONDS
+                self._others.setdefault(word[1:], {})[sender] = until
                 continue
             name, _, number = word.partition("=")
             count = int(number) if number.isdigit() else None
@@ -513,10 +552,27 @@ class WakeHub:
                 waiter.event.set()
 
     def _tell(self, name: str, count: int) -> None:
-        """Tell the other processes, if any of them waits on this subscription (or we cannot know yet)."""
+        """Tell the other processes, if any of them waits on this subscription (or we cannot know yet).
+
+        When every process waiting on it is a worker of this server (heard by
+        datagram), the datagrams tell them and no notification is sent, unless
+        one of those workers could not be reached (see _send).
+        """
         now = asyncio.get_running_loop().time()
-        if now >= self._tell_everything_until and self._others.get(name.removeprefix("settled:"), 0) < now:
-            return
+        if now < self._tell_everything_until:
+            self._pending_for_database = True
+        else:
+            waiting = [
+                tag
+                for tag, until in self._others.get(name.removeprefix("settled:"), {}).items()
+                if until >= now
+            ]
+            if not waiting:
+                return
+            workers = [self._echoes.sibling_pid(tag) for tag in waiting]
+            if None in workers:
+                self._pending_for_database = True
+            self._pending_siblings.update(pid for pid in workers if pid is not None)
         self._pending[name] = self._pending.get(name, 0) + count
         self._start_sending()
 
@@ -534,11 +590,24 @@ class WakeHub:
         while self._pending or self._declare_pending:
             pending, self._pending = self._pending, {}
             declared, self._declare_pending = self._declare_pending, set()
-            payload = f"@{self.tag} " + " ".join(
+            # Declarations are for every process, wherever it runs.
+            for_database = self._pending_for_database or bool(declared) or self.relay is None
+            needed, self._pending_siblings = self._pending_siblings, set()
+            self._pending_for_database = False
+            self._sequence += 1
+            sender = f"@{self.tag}:{self._sequence}"
+            payload = f"{sender} " + " ".join(
                 [f"+{name}" for name in declared] + [f"{name}={count}" for name, count in pending.items()]
             )
             if len(payload.encode()) > MAX_PAYLOAD_BYTES:
-                payload = f"@{self.tag} *"
+                payload = f"{sender} *"
+            if self.relay is not None:
+                reached = self.relay.send(payload)  # the workers of this server hear it now
+                if not needed <= reached:
+                    for_database = True  # one of them can only hear it through the database
+            if not for_database:
+                self.sibling_only_sends += 1
+                continue
             try:
                 await self.sender.send(payload)
                 self.notifications_sent += 1
@@ -548,6 +617,7 @@ class WakeHub:
                 for name, count in pending.items():
                     self._pending[name] = self._pending.get(name, 0) + count
                 self._declare_pending |= declared
+                self._pending_for_database = True
                 await asyncio.sleep(resend)
                 resend = min(resend * 2, RESEND_SECONDS[1])
                 continue
@@ -577,8 +647,11 @@ class WakeHub:
             self._prune_idle(now)
             for subscription_id in self._queues:  # in use, or idle for less than INTEREST_SECONDS
                 self._declare(subscription_id)
-            for subscription_id in [s for s, until in self._others.items() if until < now]:
-                del self._others[subscription_id]
+            for subscription_id, waiting in list(self._others.items()):
+                for tag in [t for t, until in waiting.items() if until < now]:
+                    del waiting[tag]
+                if not waiting:
+                    del self._others[subscription_id]
 
     async def _degraded_looks(self) -> None:
         while True:
@@ -587,6 +660,49 @@ class WakeHub:
                 for subscription_id in list(self._queues):
                     self.wake(subscription_id, None)
                     self._room_elsewhere(subscription_id)
+
+
+class _Echoes:
+    """Which numbered notifications of each sibling were heard one way and await their copy.
+
+    A sibling's payload comes twice: by datagram (first, almost always) and by
+    notification. The first is acted on, the copy dropped. Each way keeps a
+    sender's order, so hearing number n one way means the copies of earlier
+    numbers heard only the other way will never come this way (a datagram that
+    could not be delivered, a notification that was sent again under a new
+    number): those are forgotten. A sender never heard by datagram is not a
+    sibling, and its notifications are not kept at all.
+    """
+
+    __slots__ = ("_senders",)
+
+    def __init__(self) -> None:
+        # sender -> {number: heard by datagram (True) or by notification (False)}
+        self._senders: dict[str, dict[int, bool]] = {}
+
+    def sibling_pid(self, sender: str) -> int | None:
+        """The worker (pid) behind `sender` when it is a sibling (heard by datagram); else None."""
+        if sender not in self._senders:
+            return None
+        pid = sender.partition(".")[0]  # a hub's tag starts with its pid (WakeHub.tag)
+        return int(pid) if pid.isdigit() else None
+
+    def first(self, sender: str, number: int, by_datagram: bool) -> bool:
+        """Whether this is the first of the two copies (act on it); False for the copy."""
+        heard = self._senders.get(sender)
+        if heard is None:
+            if not by_datagram:
+                return True  # not a sibling: nothing will echo it
+            if len(self._senders) >= MAX_ECHO_SENDERS:
+                self._senders.clear()
+            heard = self._senders[sender] = {}
+        for earlier in [n for n, way in heard.items() if n < number and way != by_datagram]:
+            del heard[earlier]
+        if heard.get(number, by_datagram) != by_datagram:
+            del heard[number]
+            return False
+        heard[number] = by_datagram
+        return True
 
 
 def _uuid(value: UUID | str) -> UUID:

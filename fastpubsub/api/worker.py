@@ -32,6 +32,7 @@ from uvicorn.config import Config
 from uvicorn.server import Server
 from uvicorn_worker import UvicornWorker
 
+from fastpubsub.api import siblings
 from fastpubsub.api.wakeups import begin_stopping_everywhere
 from fastpubsub.settings import get_settings
 
@@ -82,6 +83,12 @@ def release_slot(slot: int | None) -> None:
             if _pids[slot] == os.getpid():
                 _pids[slot] = 0
                 _loads[slot] = 0
+
+
+def other_workers() -> list[int]:
+    """The pids of the other workers serving now (those that have claimed a slot)."""
+    me = os.getpid()
+    return [pid for pid in _pids if pid and pid != me]
 
 
 def least_busy_elsewhere(slot: int) -> int | None:
@@ -242,6 +249,8 @@ def stop_with_parent(parent: int) -> None:
 class Worker(UvicornWorker):  # type: ignore[misc]  # uvicorn-worker has no type information
     def init_process(self) -> None:
         stop_with_parent(self.ppid)
+        # The application is loaded after the fork: its wake-up hub finds its siblings here.
+        siblings.configure(siblings.Siblings(group=str(self.ppid), me=os.getpid(), peers=other_workers))
         super().init_process()
 
     async def _serve(self) -> None:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
+from collections.abc import Callable, Iterator
 
 import httpx
 import psycopg
 import pytest
 
-from fastpubsub.api import wakeups
+from fastpubsub.api import siblings, wakeups
 from fastpubsub.db.listener import NotificationSender
 from fastpubsub.db.urls import libpq_url
 from fastpubsub.embedded import free_port
@@ -107,7 +109,7 @@ async def test_another_process_hears_of_a_publish_and_no_data_transaction_notifi
     # Only the processes' own notifications (b saying it waits on s; a's one wake-up),
     # none from the publish transaction.
     assert all(payload.startswith("@") for payload in heard)
-    assert [p for p in heard if p.startswith(f"@{tag}")] == [f"@{tag} s=1"]
+    assert [p.split()[1:] for p in heard if p.startswith(f"@{tag}:")] == [["s=1"]]
 
 
 async def test_a_waiter_that_finds_nothing_keeps_waiting_in_its_place(make_api: ClientFactory) -> None:
@@ -315,3 +317,100 @@ async def test_an_idle_subscription_is_forgotten_after_its_interest_would_lapse(
     (message,) = await asyncio.wait_for(poll, 5)
     assert message["payload"] == {"n": 1}
     assert hub.notifications_sent > sent
+
+
+# -- the workers of one server -------------------------------------------------------------
+
+
+@pytest.fixture
+def as_worker() -> Iterator[Callable[[int], None]]:
+    """`as_worker(n)` before make_api(): that application is worker n of one made-up server."""
+    group = f"test-{secrets.token_hex(4)}"
+    members: list[int] = []
+
+    def become(member: int) -> None:
+        members.append(member)
+        siblings.configure(siblings.Siblings(group=group, me=member, peers=lambda: list(members)))
+
+    yield become
+    siblings.configure(None)
+
+
+async def sibling_waiting(
+    make_api: ClientFactory,
+    as_worker: Callable[[int], None],
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    far: int = 1,
+) -> tuple[httpx.AsyncClient, httpx.AsyncClient, list[asyncio.Task[list[dict]]]]:
+    """Workers a and b of one server, past telling everything; `far` long-polls in b, past first looks."""
+    monkeypatch.setattr(wakeups, "INTEREST_SECONDS", 1.5)  # they learn each other's interests quickly
+    as_worker(1)
+    a = await make_api()
+    as_worker(2)
+    b = await make_api()
+    siblings.configure(None)
+    await setup(a)
+    for app in (a, b):
+        await asyncio.wait_for(app.app.state.hub.connected.wait(), 5)  # type: ignore[attr-defined]
+    await asyncio.sleep(1.6)  # past the time each tells everything, not knowing the others yet
+    polls = [long_poll(b, f"far{n}") for n in range(far)]
+    await settle_waiters(b, far)
+    await asyncio.sleep(max(wakeups.NEW_INTEREST_LOOKS) + 0.1)
+    return a, b, polls
+
+
+async def test_news_only_a_sibling_worker_needs_goes_to_it_directly_and_costs_no_notification(
+    make_api: ClientFactory, as_worker: Callable[[int], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b, (poll,) = await sibling_waiting(make_api, as_worker, monkeypatch)
+    hub = a.app.state.hub  # type: ignore[attr-defined]
+    assert hub.relay is not None
+    assert b.app.state.hub.relay is not None  # type: ignore[attr-defined]
+    sent, direct = hub.notifications_sent, hub.sibling_only_sends
+    handed = hub.relay.sent
+    started = time.monotonic()
+    await a.post("/topics/t/messages", json=[{"n": 1}])
+    (message,) = await asyncio.wait_for(poll, 5)
+    assert message["payload"] == {"n": 1}
+    assert time.monotonic() - started < 1
+    assert hub.relay.sent == handed + 1
+    assert hub.sibling_only_sends == direct + 1
+    assert hub.notifications_sent == sent  # b was the only one waiting: PostgreSQL was not involved
+
+
+async def test_a_sibling_worker_that_cannot_be_reached_directly_hears_through_the_database(
+    make_api: ClientFactory, as_worker: Callable[[int], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b, (poll,) = await sibling_waiting(make_api, as_worker, monkeypatch)
+    hub = a.app.state.hub  # type: ignore[attr-defined]
+    b.app.state.hub.relay.close()  # type: ignore[attr-defined]  # b's socket is gone (say, its queue is full)
+    sent = hub.notifications_sent
+    await a.post("/topics/t/messages", json=[{"n": 1}])
+    (message,) = await asyncio.wait_for(poll, 5)
+    assert message["payload"] == {"n": 1}
+    assert hub.relay.missed >= 1
+    assert hub.notifications_sent == sent + 1
+
+
+async def test_news_a_sibling_hears_both_directly_and_by_notification_wakes_it_once(
+    make_api: ClientFactory, as_worker: Callable[[int], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process of another server waits too: a notifies, and b gets the same news twice."""
+    c = await make_api()  # not a worker of a's and b's server
+    a, b, polls = await sibling_waiting(make_api, as_worker, monkeypatch, far=2)
+    elsewhere = long_poll(c, "elsewhere")
+    await settle_waiters(c, 1)
+    await asyncio.sleep(max(wakeups.NEW_INTEREST_LOOKS) + 0.1)
+    hub, far_hub = a.app.state.hub, b.app.state.hub  # type: ignore[attr-defined]
+    sent, woken = hub.notifications_sent, far_hub.wakeups
+    await a.post("/topics/t/messages", json=[{"n": 1}])
+    await asyncio.wait_for(asyncio.wait([*polls, elsewhere], return_when=asyncio.FIRST_COMPLETED), 5)
+    await asyncio.sleep(0.5)  # the notification has reached b by now
+    assert hub.notifications_sent == sent + 1  # c can only hear it through PostgreSQL
+    assert far_hub.wakeups == woken + 1  # one waiter for one message: the notification's copy was dropped
+    answered = [task.result() for task in [*polls, elsewhere] if task.done()]
+    (only,) = answered  # one long-poll got the message, nobody else anything
+    assert [m["payload"] for m in only] == [{"n": 1}]
+    for task in [*polls, elsewhere]:
+        task.cancel()
