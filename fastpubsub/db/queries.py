@@ -287,6 +287,10 @@ class Database:
         For each, in order: the message ids, and the subscriptions fed with how
         many messages each can deliver now. All are committed, or none is.
         """
+        if len(requests) == 1:
+            ((topic, body, envelopes),) = requests
+            row = await self._one("publish_one", topic=topic, body=body, envelopes=envelopes)
+            return [(list(row.ids), list(row.woken), list(row.woken_counts))]
         rows = await self._rows(
             "publish_batch",
             topics=text_array(request[0] for request in requests),

@@ -7,6 +7,7 @@ import asyncio
 import httpx
 import pytest
 
+from tests.api.asgi import count_queries
 from tests.api.conftest import ClientFactory
 
 
@@ -115,3 +116,28 @@ async def test_concurrent_consumes_share_transactions_and_never_lease_one_messag
     assert done_batches - before[0] < 31
     metrics = (await api.get("/subscriptions/t-s/metrics")).json()
     assert (metrics["delivered"], metrics["available"]) == (90, 10)
+
+
+async def test_a_publish_alone_takes_the_single_request_statement_with_a_batchs_answers(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ran = count_queries(api, monkeypatch)
+    alone = await api.post(
+        "/topics/t/publish", json={"messages": [{"payload": {"n": 1}, "idempotency_key": "k"}]}
+    )
+    assert alone.status_code == 201
+    again = await api.post(
+        "/topics/t/publish", json={"messages": [{"payload": {"n": 2}, "idempotency_key": "k"}]}
+    )
+    assert again.json()["message_ids"] == alone.json()["message_ids"]  # the key's first message, nothing new
+    assert (await api.post("/topics/t/messages", json=[{"n": 3}, {"n": 4}])).status_code == 204
+    assert (await api.post("/topics/nosuch/messages", json=[{"n": 1}])).status_code == 404
+    assert (await api.post("/topics/t/messages", json=[{"n": 1}, 2])).status_code == 422
+    assert set(ran) == {"publish_one"}  # each was alone: none went through publish_batch
+    page = await api.get("/subscriptions/t-s/messages", params={"consumer_id": "c", "batch_size": 10})
+    assert [m["payload"] for m in page.json()["data"]] == [{"n": 1}, {"n": 3}, {"n": 4}]
+    # Side by side with others, the same requests go through publish_batch.
+    ran.clear()
+    answers = await asyncio.gather(*(api.post("/topics/u/messages", json=[{"n": n}]) for n in range(20)))
+    assert {a.status_code for a in answers} == {204}
+    assert "publish_batch" in ran
