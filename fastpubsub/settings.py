@@ -110,6 +110,11 @@ class Settings(BaseSettings):
         le=1000,
         description="Shortest gap between two notifications a server process sends to the others",
     )
+    worker_relay: bool = Field(
+        default=True,
+        description="Workers of one server tell each other of new messages directly (Linux), "
+        "not only through PostgreSQL notifications",
+    )
     console_enabled: bool = Field(default=True, description="Serve the web console under /console")
     console_sample_seconds: float = Field(
         default=10,

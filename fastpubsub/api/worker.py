@@ -250,7 +250,8 @@ class Worker(UvicornWorker):  # type: ignore[misc]  # uvicorn-worker has no type
     def init_process(self) -> None:
         stop_with_parent(self.ppid)
         # The application is loaded after the fork: its wake-up hub finds its siblings here.
-        siblings.configure(siblings.Siblings(group=str(self.ppid), me=os.getpid(), peers=other_workers))
+        if get_settings().worker_relay:
+            siblings.configure(siblings.Siblings(group=str(self.ppid), me=os.getpid(), peers=other_workers))
         super().init_process()
 
     async def _serve(self) -> None:

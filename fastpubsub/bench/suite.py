@@ -119,8 +119,13 @@ _WORKER_STARTED = ("fastpubsub API ready", "listening for notifications")
 
 
 @contextlib.asynccontextmanager
-async def server(database_url: str, workers: int) -> AsyncIterator[tuple[str, int]]:
-    """`fastpubsub server` with `workers` workers as a child process, every worker booted; URL and pid."""
+async def server(
+    database_url: str, workers: int, settings: dict[str, str] | None = None
+) -> AsyncIterator[tuple[str, int]]:
+    """`fastpubsub server` with `workers` workers as a child process, every worker booted; URL and pid.
+
+    `settings`: more FASTPUBSUB_* variables for it (none of the caller's own reach it).
+    """
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FASTPUBSUB_")}
     env.update(
@@ -128,6 +133,7 @@ async def server(database_url: str, workers: int) -> AsyncIterator[tuple[str, in
         FASTPUBSUB_LOG_LEVEL="info",
         FASTPUBSUB_AUTH_ENABLED="false",
     )
+    env.update(settings or {})
     executable = shutil.which("fastpubsub") or str(Path(sys.executable).parent / "fastpubsub")
     log = tempfile.NamedTemporaryFile(prefix="fastpubsub-bench-server-", suffix=".log", delete=False)  # noqa: SIM115
     process = subprocess.Popen(  # noqa: ASYNC220 - returns at once; the child runs alongside

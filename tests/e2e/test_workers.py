@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 
 import psutil
+import pytest
 
 from tests.e2e.conftest import Server, base_env
 
@@ -88,10 +89,12 @@ def _call(
     return response.status, response.read()
 
 
+@pytest.mark.parametrize("relay", [True, False], ids=["directly", "relay-off"])
 def test_a_worker_hands_news_of_a_message_to_the_worker_whose_consumer_waits(
-    database_url: str, run_server: Callable[..., Server]
+    database_url: str, run_server: Callable[..., Server], relay: bool
 ) -> None:
-    server = run_server(base_env(database_url))
+    """Directly between the workers; with FASTPUBSUB_WORKER_RELAY=false through PostgreSQL only."""
+    server = run_server(base_env(database_url, worker_relay=str(relay).lower()))
     port, workers = _both_workers_serving(server)
     grouped = _connections_by_worker(port, 8)
     assert set(grouped) == workers, grouped  # connections on both workers
@@ -117,11 +120,17 @@ def test_a_worker_hands_news_of_a_message_to_the_worker_whose_consumer_waits(
     assert time.monotonic() - started < 2
     status, metrics = _call(publisher, "GET", "/metrics")
     assert status == 200
-    heard = re.search(
-        rb'^fastpubsub_wakeup_notices_total\{via="worker"\} ([0-9.e+]+)$', metrics, re.MULTILINE
-    )
-    assert heard is not None, metrics
-    assert float(heard[1]) >= 1  # the waiting worker heard of it from its sibling
+    heard = {
+        way.decode(): float(count)
+        for way, count in re.findall(
+            rb'^fastpubsub_wakeup_notices_total\{via="(\w+)"\} ([0-9.e+]+)$', metrics, re.MULTILINE
+        )
+    }
+    if relay:
+        assert heard.get("worker", 0) >= 1, heard  # the waiting worker heard of it from its sibling
+    else:
+        assert "worker" not in heard, heard
+        assert heard.get("database", 0) >= 1, heard
     for connections in grouped.values():
         for connection in connections:
             connection.close()

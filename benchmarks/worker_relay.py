@@ -1,0 +1,87 @@
+"""Workers telling each other of messages directly, against PostgreSQL notifications only.
+
+    python benchmarks/worker_relay.py [--rounds 3] [--seconds 10] [--rate 100]
+
+Starts a throwaway embedded PostgreSQL, then in alternating rounds a two-worker
+`fastpubsub server` with FASTPUBSUB_WORKER_RELAY on and off. Each round waits
+out the server's first INTEREST_SECONDS (while its processes do not yet know
+what the others wait on, every wake-up is also a notification), then runs the
+end-to-end workload of `fastpubsub bench all` (wrk publishing one message per
+request at a fixed rate, one long-polling consumer acking as it receives) and
+counts the database's transactions meanwhile. With the consumer in one worker
+and wrk's connections spread over both, about half the messages are published
+in the worker the consumer does not wait in. Prints a line per round, the
+medians, and a JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+from typing import Any
+
+import psycopg
+
+from fastpubsub.api.wakeups import INTEREST_SECONDS
+from fastpubsub.bench import suite, workloads
+
+
+def transactions(database_url: str) -> int:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def one_round(database_url: str, relay: bool, rate: float, seconds: float) -> dict[str, Any]:
+    async with suite.server(database_url, 2, {"FASTPUBSUB_WORKER_RELAY": str(relay).lower()}) as (url, _):
+        await asyncio.sleep(INTEREST_SECONDS + 1)
+        before = transactions(database_url)
+        result = await workloads.http_end_to_end(
+            suite.connector(url, None), rate=rate, seconds=seconds, payload_bytes=230
+        )
+        spent = transactions(database_url) - before
+    return {
+        "relay": relay,
+        "p50_ms": round(result.extra["p50_ms"], 2),
+        "p99_ms": round(result.extra["p99_ms"], 2),
+        "transactions_per_message": round(spent / max(result.messages, 1), 2),
+    }
+
+
+async def main(options: argparse.Namespace) -> None:
+    rounds: list[dict[str, Any]] = []
+    with suite.database(None) as (database_url, _):
+        for number in range(1, options.rounds + 1):
+            for relay in (True, False):
+                figures = await one_round(database_url, relay, options.rate, options.seconds)
+                rounds.append(figures)
+                way = "directly " if relay else "notified "
+                print(
+                    f"round {number}, {way}: e2e p50 {figures['p50_ms']} ms, p99 {figures['p99_ms']} ms, "
+                    f"{figures['transactions_per_message']} transactions per message",
+                    flush=True,
+                )
+    summary: dict[str, Any] = {"rate": options.rate, "rounds": rounds}
+    for relay, name in ((True, "directly"), (False, "notified")):
+        mine = [r for r in rounds if r["relay"] is relay]
+        for key in ("p50_ms", "p99_ms", "transactions_per_message"):
+            summary[f"{name}_{key}"] = statistics.median(r[key] for r in mine)
+    print(
+        f"medians: directly {summary['directly_p50_ms']} ms p50, "
+        f"{summary['directly_transactions_per_message']} transactions per message; "
+        f"notified {summary['notified_p50_ms']} ms p50, {summary['notified_transactions_per_message']}"
+    )
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--rate", type=float, default=100)
+    asyncio.run(main(parser.parse_args()))
