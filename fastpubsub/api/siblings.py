@@ -8,12 +8,14 @@ payload goes to the other workers' sockets just before it goes to
 PostgreSQL. A sibling then wakes its consumers about a millisecond earlier
 than LISTEN would let it (the notifying transaction's round trip and the
 relay through the database), and ignores the notification when it arrives
-(wakeups._Echoes). Processes elsewhere (other servers, push workers) hear the
-notification as before.
+(wakeups._Echoes). When only siblings wait for the news, no notification is
+sent at all. Processes elsewhere (other servers, push workers) hear
+notifications as before.
 
-A datagram is only ever a head start: a sibling that is gone, or whose queue
-is full, misses it and acts on the notification instead. Outside Linux, or
-when the socket cannot be bound, the workers simply do without.
+Only a datagram the kernel took counts: a sibling that is gone, or whose
+queue is full, is told by notification instead (WakeHub._send). Outside
+Linux, or when the socket cannot be made or bound, the workers simply do
+without.
 """
 
 from __future__ import annotations
@@ -78,12 +80,14 @@ class SiblingRelay:
         if not sys.platform.startswith("linux"):
             return None
         relay = cls(siblings, on_payload)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock: socket.socket | None = None
         try:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             sock.setblocking(False)
             sock.bind(address(siblings.group, siblings.me))
-        except OSError as exc:
-            sock.close()
+        except OSError as exc:  # the name is taken, no file descriptors left, ...
+            if sock is not None:
+                sock.close()
             log.warning(
                 "workers will hear of each other's messages through PostgreSQL only: %s", one_line(exc)
             )

@@ -20,9 +20,10 @@ Where the news comes from:
   `notify_interval` seconds, and ignores its own when they come back. The
   workers of one server also hand each other the same payload directly, a
   round trip sooner (api/siblings.py), and then ignore the notification's
-  copy (_Echoes: by sender and number). It names only
-  subscriptions some other process waits on: each process declares those
-  (`@<sender> +orders`, renewed every few seconds, and for INTEREST_SECONDS
+  copy (_Echoes: by sender and number); news that only they wait for goes
+  to them alone (`@<sender>:<number>/direct ...`, no notification). It names
+  only subscriptions some other process waits on: each process declares those
+  (`@<sender>:<number> +orders`, renewed every few seconds, and for INTEREST_SECONDS
   after its last waiter left: a consumer long-polling in a loop leaves and
   comes back with every message, which is no new interest), so publishing
   to a subscription nobody waits on elsewhere sends nothing;
@@ -97,9 +98,12 @@ RENEWAL_SECONDS = 1.0
 
 # Senders whose notifications this process heard by one way only (a sibling's
 # datagram, or the notification that raced ahead of it) are kept up to this
-# many; beyond, all are forgotten (a copy may then be acted on twice: one
-# extra look).
+# many, and up to MAX_ECHOES numbers of each; beyond, they are forgotten (a
+# copy may then be acted on twice: one extra look).
 MAX_ECHO_SENDERS = 256
+MAX_ECHOES = 1000
+# The mark of news sent to the workers of this server only: no copy follows.
+DIRECT = "/direct"
 
 
 # The hubs of the applications running in this process: the worker tells them
@@ -521,7 +525,9 @@ class WakeHub:
             sender, _, number = names[0][1:].partition(":")
             if sender == self.tag:
                 return  # our own, acted on already
-            if number.isdigit() and not self._echoes.first(sender, int(number), sibling):
+            if sibling:
+                self._echoes.sibling(sender)
+            if number.isdecimal() and not self._echoes.first(sender, int(number), sibling):
                 return  # the copy of what a sibling handed over (or of what the notification brought first)
             names = names[1:]
         WAKEUP_NOTICES.labels("worker" if sibling else "database").inc()
@@ -534,7 +540,7 @@ class WakeHub:
                 self._others.setdefault(word[1:], {})[sender] = until
                 continue
             name, _, number = word.partition("=")
-            count = int(number) if number.isdigit() else None
+            count = int(number) if number.isdecimal() else None
             if name.startswith("settled:"):
                 self._room_elsewhere(name.removeprefix("settled:"))
             else:
@@ -595,7 +601,10 @@ class WakeHub:
             needed, self._pending_siblings = self._pending_siblings, set()
             self._pending_for_database = False
             self._sequence += 1
-            sender = f"@{self.tag}:{self._sequence}"
+            # News for the siblings alone is marked: they keep no record of it,
+            # waiting for a copy (a notification sent after all, because one of
+            # them could not be reached, is then acted on twice: one more look).
+            sender = f"@{self.tag}:{self._sequence}{'' if for_database else DIRECT}"
             payload = f"{sender} " + " ".join(
                 [f"+{name}" for name in declared] + [f"{name}={count}" for name, count in pending.items()]
             )
@@ -607,6 +616,7 @@ class WakeHub:
                     for_database = True  # one of them can only hear it through the database
             if not for_database:
                 self.sibling_only_sends += 1
+                await asyncio.sleep(self.notify_interval)  # coalesced too: a sibling's queue is short
                 continue
             try:
                 await self.sender.send(payload)
@@ -671,7 +681,8 @@ class _Echoes:
     numbers heard only the other way will never come this way (a datagram that
     could not be delivered, a notification that was sent again under a new
     number): those are forgotten. A sender never heard by datagram is not a
-    sibling, and its notifications are not kept at all.
+    sibling, and its notifications are not kept at all; nor is news marked
+    DIRECT (sent to the siblings alone, no copy follows).
     """
 
     __slots__ = ("_senders",)
@@ -680,22 +691,27 @@ class _Echoes:
         # sender -> {number: heard by datagram (True) or by notification (False)}
         self._senders: dict[str, dict[int, bool]] = {}
 
+    def sibling(self, sender: str) -> None:
+        """`sender` was heard by datagram: a worker of this server."""
+        if sender not in self._senders:
+            if len(self._senders) >= MAX_ECHO_SENDERS:
+                self._senders.clear()
+            self._senders[sender] = {}
+
     def sibling_pid(self, sender: str) -> int | None:
         """The worker (pid) behind `sender` when it is a sibling (heard by datagram); else None."""
         if sender not in self._senders:
             return None
         pid = sender.partition(".")[0]  # a hub's tag starts with its pid (WakeHub.tag)
-        return int(pid) if pid.isdigit() else None
+        return int(pid) if pid.isdecimal() else None
 
     def first(self, sender: str, number: int, by_datagram: bool) -> bool:
         """Whether this is the first of the two copies (act on it); False for the copy."""
         heard = self._senders.get(sender)
         if heard is None:
-            if not by_datagram:
-                return True  # not a sibling: nothing will echo it
-            if len(self._senders) >= MAX_ECHO_SENDERS:
-                self._senders.clear()
-            heard = self._senders[sender] = {}
+            return True  # not a sibling (never heard by datagram): nothing will echo it
+        if len(heard) >= MAX_ECHOES:
+            heard.clear()
         for earlier in [n for n, way in heard.items() if n < number and way != by_datagram]:
             del heard[earlier]
         if heard.get(number, by_datagram) != by_datagram:

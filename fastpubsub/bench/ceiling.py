@@ -2,9 +2,9 @@
 
 A ceiling request does what the server does for the matching HTTP request, and
 nothing else: publish sends the body as one JSON text to the server's
-`publish_batch` query (as a batch of one request: group commit only joins
-concurrent requests, which the ceiling clients, one statement at a time each,
-never are) and reads back the ids; consume runs `consume_batch` (one request; PostgreSQL
+`publish_one` query (what a group commit of one request runs: group commit
+only joins concurrent requests, which the ceiling clients, one statement at a
+time each, never are) and reads back the ids; consume runs `consume_batch` (one request; PostgreSQL
 renders the page, the client reads the ids out of it as an HTTP client does)
 and ack sends the ids back through the server's `settle_batch`. The query
 text comes from fastpubsub.sql.source.driver_queries(), every statement goes
@@ -39,7 +39,6 @@ import orjson
 import psycopg
 from psycopg.rows import namedtuple_row
 
-from fastpubsub.db.queries import text_array
 from fastpubsub.sql.source import driver_queries
 
 # The session settings fastpubsub.db.Database gives the server's connections.
@@ -72,8 +71,8 @@ class Outcome:
 
 
 def _publish(job: Job, conn: psycopg.Connection[Any], counter: Any, slot: int) -> tuple[int, list[str]]:
-    sql = driver_queries()["publish_batch"]
-    params = {"topics": text_array([job.target]), "bodies": text_array([job.body]), "envelopes": [False]}
+    sql = driver_queries()["publish_one"]
+    params = {"topic": job.target, "body": job.body, "envelopes": False}
     stop = time.monotonic() + job.seconds
     total = 0
     while time.monotonic() < stop:

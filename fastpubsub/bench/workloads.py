@@ -25,7 +25,6 @@ from psycopg.rows import dict_row
 
 from fastpubsub.bench import ceiling, wrk
 from fastpubsub.bench.client import Connection, HttpError
-from fastpubsub.db.queries import text_array
 from fastpubsub.sql.source import driver_queries
 
 Progress = Callable[[int], None]
@@ -596,10 +595,7 @@ def wal_per_message(
 
         def publish(count: int) -> None:
             for _ in range(count // batch):
-                conn.execute(
-                    queries["publish_batch"],
-                    {"topics": text_array([topic]), "bodies": text_array([body]), "envelopes": [False]},
-                )
+                conn.execute(queries["publish_one"], {"topic": topic, "body": body, "envelopes": False})
 
         def consume(count: int) -> list[list[str]]:
             pages = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import sys
 import time
 from collections.abc import Callable, Iterator
 
@@ -321,6 +322,9 @@ async def test_an_idle_subscription_is_forgotten_after_its_interest_would_lapse(
 
 # -- the workers of one server -------------------------------------------------------------
 
+# Their direct line is a Linux abstract-namespace socket (elsewhere notifications do it all).
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+
 
 @pytest.fixture
 def as_worker() -> Iterator[Callable[[int], None]]:
@@ -344,7 +348,9 @@ async def sibling_waiting(
     far: int = 1,
 ) -> tuple[httpx.AsyncClient, httpx.AsyncClient, list[asyncio.Task[list[dict]]]]:
     """Workers a and b of one server, past telling everything; `far` long-polls in b, past first looks."""
-    monkeypatch.setattr(wakeups, "INTEREST_SECONDS", 1.5)  # they learn each other's interests quickly
+    # They learn each other's interests quickly, and keep them (declared again every 0.3 s).
+    monkeypatch.setattr(wakeups, "INTEREST_SECONDS", 1.5)
+    monkeypatch.setattr(wakeups, "INTEREST_REFRESH_SECONDS", 0.3)
     as_worker(1)
     a = await make_api()
     as_worker(2)
@@ -360,13 +366,14 @@ async def sibling_waiting(
     return a, b, polls
 
 
+@linux_only
 async def test_news_only_a_sibling_worker_needs_goes_to_it_directly_and_costs_no_notification(
     make_api: ClientFactory, as_worker: Callable[[int], None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     a, b, (poll,) = await sibling_waiting(make_api, as_worker, monkeypatch)
-    hub = a.app.state.hub  # type: ignore[attr-defined]
+    hub, far_hub = a.app.state.hub, b.app.state.hub  # type: ignore[attr-defined]
     assert hub.relay is not None
-    assert b.app.state.hub.relay is not None  # type: ignore[attr-defined]
+    assert far_hub.relay is not None
     sent, direct = hub.notifications_sent, hub.sibling_only_sends
     handed = hub.relay.sent
     started = time.monotonic()
@@ -377,8 +384,18 @@ async def test_news_only_a_sibling_worker_needs_goes_to_it_directly_and_costs_no
     assert hub.relay.sent == handed + 1
     assert hub.sibling_only_sends == direct + 1
     assert hub.notifications_sent == sent  # b was the only one waiting: PostgreSQL was not involved
+    # News for the siblings alone has no copy to wait for: b keeps no record of it.
+    for n in range(2, 12):
+        poll = long_poll(b, "far0")
+        await settle_waiters(b, 1)
+        await a.post("/topics/t/messages", json=[{"n": n}])
+        (message,) = await asyncio.wait_for(poll, 5)
+        assert message["payload"] == {"n": n}
+    assert hub.sibling_only_sends >= direct + 11
+    assert len(far_hub._echoes._senders[hub.tag]) <= 1
 
 
+@linux_only
 async def test_a_sibling_worker_that_cannot_be_reached_directly_hears_through_the_database(
     make_api: ClientFactory, as_worker: Callable[[int], None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -393,6 +410,7 @@ async def test_a_sibling_worker_that_cannot_be_reached_directly_hears_through_th
     assert hub.notifications_sent == sent + 1
 
 
+@linux_only
 async def test_news_a_sibling_hears_both_directly_and_by_notification_wakes_it_once(
     make_api: ClientFactory, as_worker: Callable[[int], None], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -174,7 +174,7 @@ def test_the_ceiling_sends_the_servers_own_statements_from_processes_of_its_own(
                 served = last_statements(url, "fastpubsub")
                 ours = last_statements(url, "fastpubsub-bench")
                 assert len(ours) == 1
-                assert "fastpubsub._publish_batch(" in next(iter(ours))
+                assert "FROM fastpubsub._publish(" in next(iter(ours))
                 assert ours <= served
 
                 page = orjson.loads(await http.get(f"{path}/messages", params=params))["data"]
