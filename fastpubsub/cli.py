@@ -14,7 +14,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import traceback
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
@@ -276,10 +275,13 @@ def serve(settings: Settings, host: str, port: int, workers: int) -> None:
     """Run the API under gunicorn with uvicorn workers until stopped."""
     from gunicorn.app.base import BaseApplication
 
+    from fastpubsub import metrics_folder
+
     # Prometheus counters are summed across workers through this directory; it
-    # must be set before any worker imports prometheus_client.
-    metrics_dir = tempfile.mkdtemp(prefix="fastpubsub-metrics-")
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    # must be set before any worker imports prometheus_client. (Those of killed
+    # servers are removed first.)
+    metrics_dir, metrics_lock = metrics_folder.claim()
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
 
     def child_exit(server: Any, worker: Any) -> None:
         from prometheus_client import multiprocess
@@ -319,6 +321,7 @@ def serve(settings: Settings, host: str, port: int, workers: int) -> None:
         Server().run()
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
+        os.close(metrics_lock)
 
 
 _INSECURE_NO_AUTH = typer.Option(

@@ -8,12 +8,13 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
-from fastpubsub import migrate
+from fastpubsub import metrics_folder, migrate
 from fastpubsub.embedded import EmbeddedPostgres, free_port
 from tests.e2e.conftest import Server, base_env
 
@@ -106,13 +107,18 @@ def test_workers_stop_when_the_main_process_is_killed_and_a_new_server_starts(
     master = psutil.Process(server.process.pid)
     workers = master.children()
     assert len(workers) == 2
-    server.process.kill()  # SIGKILL: no chance to stop its workers
+    (metrics,) = {
+        Path(f.path).parent for f in master.open_files() if Path(f.path).name == metrics_folder.LOCK
+    }
+    server.process.kill()  # SIGKILL: no chance to stop its workers, nor to remove its metrics folder
     server.process.wait(10)
     _, alive = psutil.wait_procs(workers, timeout=15)  # a graceful stop, on a machine that may be busy
     assert alive == [], f"workers left running without their main process: {alive}"
+    assert metrics.exists()
     again = run_server(base_env(database_url), port=port)  # the port is free again
     with again.client() as http:
         assert http.get("/readiness").status_code == 200
+    assert not metrics.exists()  # the new server removed what the killed one left
 
 
 def test_a_stream_rides_out_a_database_restart(
