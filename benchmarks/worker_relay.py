@@ -22,19 +22,9 @@ import json
 import statistics
 from typing import Any
 
-import psycopg
-
 from fastpubsub.api.wakeups import INTEREST_SECONDS
 from fastpubsub.bench import suite, workloads
-
-
-def transactions(database_url: str) -> int:
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
+from fastpubsub.bench.waiting import transactions
 
 
 async def one_round(database_url: str, relay: bool, rate: float, seconds: float) -> dict[str, Any]:
