@@ -299,6 +299,30 @@ class Database:
         )
         return [(list(row.ids), list(row.woken), list(row.woken_counts)) for row in rows]
 
+    async def publish_handoff(
+        self, requests: Sequence[tuple[str, str, bool]], handoffs: Sequence[tuple[str, str, int]]
+    ) -> tuple[list[tuple[list[UUID], list[str], list[int]]], list[list[tuple[UUID, str]]]]:
+        """publish_batch, also leasing to waiting consumers in the same transaction.
+
+        `handoffs`: (subscription, consumer, batch size) each; only those whose
+        subscription the publish fed messages deliverable now lease any. Returns
+        publish_batch's results, and for each handoff the messages it leased:
+        (id, its JSON as consume renders it) each, as consume_events gives them.
+        """
+        rows = await self._rows(
+            "publish_handoff",
+            topics=text_array(request[0] for request in requests),
+            bodies=text_array(request[1] for request in requests),
+            envelopes=[request[2] for request in requests],
+            subscriptions=[handoff[0] for handoff in handoffs],
+            consumers=[handoff[1] for handoff in handoffs],
+            sizes=[handoff[2] for handoff in handoffs],
+        )
+        count = len(requests)
+        published = [(list(row.ids), list(row.woken), list(row.woken_counts)) for row in rows[:count]]
+        handed = [list(zip(row.ids, row.events, strict=True)) for row in rows[count:]]
+        return published, handed
+
     async def settle_batch(self, requests: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """Several acks, nacks and lease extensions in one transaction (see _settle_batch)."""
         rows = await self._rows("settle_batch", requests=jsoncodec.dumps_text(list(requests)))

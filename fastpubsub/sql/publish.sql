@@ -435,6 +435,69 @@ BEGIN
 END
 $$;
 
+-- Publish (a group commit's requests as _publish_batch does, one alone as
+-- _publish) and, in the same transaction, lease the messages it made
+-- deliverable to consumers waiting for them in the publishing server process:
+-- up to p_sizes[k] messages of p_subscriptions[k] to p_consumers[k] (_lease:
+-- the oldest deliverable first, as their own look would take them), for each
+-- k whose subscription this publish fed messages deliverable now; the others
+-- lease nothing, and so does one whose lease fails (the publish stands). Such
+-- a consumer answers with these at once, without a transaction of its own,
+-- and they are committed with the publish or not at all. Rows: each publish request's (ids, woken, woken_counts), in order;
+-- then for each k, in order, the ids it leased and each message's JSON as
+-- consume renders it (events).
+CREATE OR REPLACE FUNCTION fastpubsub._publish_handoff(
+    p_topics text[], p_messages text[], p_envelopes boolean[],
+    p_subscriptions text[], p_consumers text[], p_sizes integer[])
+RETURNS TABLE(ids uuid[], woken text[], woken_counts integer[], events text[])
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+DECLARE
+    v_fed text[] := '{}';
+BEGIN
+    IF coalesce(cardinality(p_topics), 0) = 1 THEN
+        SELECT p.ids, p.woken, p.woken_counts INTO ids, woken, woken_counts
+        FROM fastpubsub._publish(p_topics[1], p_messages[1]::jsonb, coalesce(p_envelopes[1], false), 0) AS p;
+        RETURN NEXT;
+        v_fed := ARRAY(SELECT w.s FROM unnest(woken, woken_counts) AS w(s, c) WHERE w.c > 0);
+    ELSE
+        FOR ids, woken, woken_counts IN
+            SELECT b.ids, b.woken, b.woken_counts
+            FROM fastpubsub._publish_batch(p_topics, p_messages, p_envelopes) AS b
+        LOOP
+            RETURN NEXT;
+            v_fed := v_fed || ARRAY(SELECT w.s FROM unnest(woken, woken_counts) AS w(s, c) WHERE w.c > 0);
+        END LOOP;
+    END IF;
+    woken := NULL;
+    woken_counts := NULL;
+    FOR k IN 1 .. coalesce(cardinality(p_subscriptions), 0) LOOP
+        ids := '{}';
+        events := '{}';
+        IF p_subscriptions[k] = ANY (v_fed) THEN
+            BEGIN
+                SELECT coalesce(array_agg(l.id ORDER BY l.ord), '{}'),
+                       coalesce(array_agg(fastpubsub._message_json(
+                           l.id, p_subscriptions[k], l.payload, l.attempts, l.created_at, l.attributes,
+                           l.priority, l.receipt)::text ORDER BY l.ord), '{}')
+                INTO ids, events
+                FROM fastpubsub._lease(p_subscriptions[k], ARRAY[p_consumers[k]], ARRAY[p_sizes[k]])
+                    WITH ORDINALITY AS l(slot, id, payload, attributes, priority, attempts, created_at, receipt, ord);
+            EXCEPTION WHEN OTHERS THEN
+                -- The publish stands: this consumer looks for itself (a lease that
+                -- met a lock cycle, say, leaves nothing behind).
+                RAISE WARNING 'fastpubsub: hand-off to % leased nothing: %', p_subscriptions[k], SQLERRM;
+                ids := '{}';
+                events := '{}';
+            END;
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
 -- Publish payloads (each a JSON object): the seed's request body.
 CREATE OR REPLACE FUNCTION fastpubsub.publish(p_topic_id text, p_payloads jsonb)
 RETURNS uuid[]

@@ -141,6 +141,16 @@ FROM fastpubsub._publish_batch(CAST(:topics AS text[]), CAST(:bodies AS text[]),
 SELECT ids, woken, woken_counts
 FROM fastpubsub._publish(:topic, CAST(:body AS jsonb), :envelopes, 0)
 
+-- publish_handoff --
+-- publish_batch (or publish_one, for one request) that also leases the new
+-- messages to consumers waiting in this process, in the same transaction
+-- (see _publish_handoff): the requests' rows, then one (ids, events) row per
+-- waiting consumer.
+SELECT ids, woken, woken_counts, events
+FROM fastpubsub._publish_handoff(
+    CAST(:topics AS text[]), CAST(:bodies AS text[]), CAST(:envelopes AS boolean[]),
+    CAST(:subscriptions AS text[]), CAST(:consumers AS text[]), CAST(:sizes AS integer[]))
+
 -- settle_batch --
 -- Several acks, nacks and lease extensions in one transaction (group commit).
 SELECT result FROM fastpubsub._settle_batch(CAST(:requests AS jsonb))

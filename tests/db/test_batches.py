@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from uuid import UUID
 
 import psycopg
 import pytest
@@ -158,3 +159,78 @@ def test_an_unknown_subscription_fails_the_batch(topics: psycopg.Connection) -> 
     with pytest.raises(psycopg.Error) as info:
         settle_batch(topics, [{"subscription": "nosuch", "action": "ack", "ids": []}])
     assert info.value.sqlstate == "FP404"
+
+
+def publish_handoff(
+    conn: psycopg.Connection, requests: list[tuple[str, object, bool]], handoffs: list[tuple[str, str, int]]
+) -> tuple[list[tuple], list[list[dict]]]:
+    """_publish_handoff: the requests' rows, and each handoff's messages (their JSON, parsed)."""
+    rows = conn.execute(
+        "SELECT * FROM fastpubsub._publish_handoff(%s::text[], %s::text[], %s::boolean[],"
+        " %s::text[], %s::text[], %s::integer[])",
+        (
+            [topic for topic, _, _ in requests],
+            [body if isinstance(body, str) else json.dumps(body) for _, body, _ in requests],
+            [envelopes for _, _, envelopes in requests],
+            [subscription for subscription, _, _ in handoffs],
+            [consumer for _, consumer, _ in handoffs],
+            [size for _, _, size in handoffs],
+        ),
+    ).fetchall()
+    assert len(rows) == len(requests) + len(handoffs)
+    assert all(row[3] is None for row in rows[: len(requests)])
+    handed = []
+    for ids, woken, counts, events in rows[len(requests) :]:
+        assert (woken, counts) == (None, None)
+        messages = [json.loads(event) for event in events]
+        assert [UUID(message["id"]) for message in messages] == ids  # each id with its message
+        handed.append(messages)
+    return [row[:3] for row in rows[: len(requests)]], handed
+
+
+@pytest.mark.parametrize("requests", [1, 2], ids=["one request", "a batch"])
+def test_a_publish_leases_its_messages_to_waiting_consumers_in_its_transaction(
+    topics: psycopg.Connection, requests: int
+) -> None:
+    """Each handoff gets the oldest deliverable messages of its subscription, leased to its consumer."""
+    batch = [("a", [{"n": 1, "country": "BR"}, {"n": 2}], False), ("b", [{"n": 3}], False)][:requests]
+    published, handed = publish_handoff(topics, batch, [("a-all", "w1", 1), ("a-br", "w2", 10)])
+    assert published[0][1:] == (["a-all", "a-br"], [2, 1])
+    (one,), (br,) = handed
+    assert (one["id"], one["payload"], one["delivery_attempts"]) == (
+        str(published[0][0][0]),
+        {"n": 1, "country": "BR"},
+        1,
+    )
+    assert br["payload"] == {"n": 1, "country": "BR"}
+    leased = {str(d["message_id"]): d["consumer_id"] for d in deliveries(topics, "a-all") if d["lease_until"]}
+    assert leased == {one["id"]: "w1"}
+    assert [row[1]["n"] for row in consume(topics, "a-all", n=10)] == [2]  # the rest is anyone's
+    assert consume(topics, "a-br", n=10) == []
+
+
+def test_a_publish_leases_nothing_where_it_made_nothing_deliverable(topics: psycopg.Connection) -> None:
+    """Not fed (the filter did not match), or fed delayed messages only: those waiters get nothing."""
+    publish_batch(topics, [("a", [{"n": 0, "country": "BR"}], False)])  # deliverable on a-br, but older news
+    published, handed = publish_handoff(
+        topics,
+        [("a", [{"n": 1}], False), ("b", [{"payload": {"n": 2}, "delay_seconds": 60}], True)],
+        [("a-br", "w1", 10), ("b-all", "w2", 10), ("nobody", "w3", 10)],
+    )
+    assert [row[1:] for row in published] == [(["a-all"], [1]), (["b-all"], [0])]
+    assert handed == [[], [], []]
+    for subscription in ("a-all", "a-br", "b-all"):
+        assert all(d["lease_until"] is None for d in deliveries(topics, subscription))
+
+
+def test_a_failed_publish_leases_nothing(topics: psycopg.Connection) -> None:
+    publish_batch(topics, [("a", [{"n": 0}], False)])  # waiting already: handed first, but only on success
+    with pytest.raises(psycopg.Error) as info:
+        publish_handoff(topics, [("a", [{"n": 1}], False), ("a", [1], False)], [("a-all", "w1", 10)])
+    assert info.value.sqlstate == "FP422"
+    assert all(d["lease_until"] is None for d in deliveries(topics, "a-all"))
+    _, handed = publish_handoff(topics, [("a", [{"n": 2}], False)], [("a-all", "w1", 10)])
+    assert [(message["payload"]["n"], message["delivery_attempts"]) for message in handed[0]] == [
+        (0, 1),
+        (2, 1),
+    ]
