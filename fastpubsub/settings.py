@@ -115,6 +115,11 @@ class Settings(BaseSettings):
         description="Workers of one server tell each other of new messages directly (Linux), "
         "not only through PostgreSQL notifications",
     )
+    publish_handoff: bool = Field(
+        default=True,
+        description="A publish leases its messages, in its own transaction, for a consumer waiting in the "
+        "same server process, which answers without a look of its own",
+    )
     console_enabled: bool = Field(default=True, description="Serve the web console under /console")
     console_sample_seconds: float = Field(
         default=10,

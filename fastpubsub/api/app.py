@@ -87,6 +87,7 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
         batches_in_flight=settings.group_commit_in_flight,
         max_batch=settings.group_commit_max_batch,
         stream_outage_seconds=settings.stream_outage_seconds,
+        handoff=settings.publish_handoff,
     )
     backfills = Backfills(db, hub)
 

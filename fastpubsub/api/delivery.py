@@ -5,6 +5,9 @@ The routes (api/routers) and the fast path (api/fastpath.py) both call one
 
 * publishes, consumes and settlements (ack, nack, lease extension) go through
   group commit (api/batching.py): concurrent requests share a transaction;
+* a publish leases its messages, in its own transaction, for a consumer
+  waiting in this process (the hand-off), which then answers without a
+  transaction of its own;
 * after the commit, the wake-up hub (api/wakeups.py) wakes this process's
   waiting consumers and tells the other processes, outside the transaction;
 * messages reach consumers as PostgreSQL renders them
@@ -66,10 +69,28 @@ TIMER_SLACK_SECONDS = 0.005
 # and when a lease runs out (it knows when). In case a notification went
 # unheard, it also asks this often.
 FULL_RECHECK_SECONDS = 30.0
+# How many topics (and subscriptions per topic) a process remembers the routes of.
+MAX_ROUTES = 10_000
 # While the database is unreachable a stream stays open, retrying this often
 # (doubling up to the maximum), and gives up after the outage limit.
 OUTAGE_RETRY_SECONDS = 0.25
 MAX_OUTAGE_RETRY_SECONDS = 2.0
+
+
+def _untaken(
+    woken: Sequence[str], counts: Sequence[int], taken: dict[str, int]
+) -> tuple[list[str], list[int]]:
+    """What is left to wake waiters for once handoffs leased `taken` (per subscription, reported once)."""
+    left_woken, left_counts = [], []
+    for subscription_id, count in zip(woken, counts, strict=True):
+        leased = taken.pop(subscription_id, 0)
+        if leased:
+            count -= leased
+            if count <= 0:
+                continue  # the waiting consumer has them all: nobody else need look
+        left_woken.append(subscription_id)
+        left_counts.append(count)
+    return left_woken, left_counts
 
 
 def receipt_message_id(receipt: str) -> UUID | None:
@@ -94,8 +115,10 @@ class Delivery:
         batches_in_flight: int = 2,
         max_batch: int = 256,
         stream_outage_seconds: float = 120.0,
+        handoff: bool = True,
     ) -> None:
         self.database = database
+        self.handoff = handoff
         self.hub = hub
         self.max_message_bytes = max_message_bytes
         self.stream_outage_seconds = stream_outage_seconds
@@ -110,6 +133,12 @@ class Delivery:
         self.consumes: GroupCommit[tuple[str, str, int], tuple[int, str, float | None]] = GroupCommit(
             database.consume_batch, max_in_flight=batches_in_flight, max_batch=max_batch, name="consume"
         )
+        # The subscriptions each topic's publishes fed lately: a publish to the
+        # topic leases its messages, in its own transaction, for a consumer
+        # (long-poll or stream) parked here on one of them (_publish_batch).
+        self._routes: dict[str, set[str]] = {}
+        hub.on_abandoned = self._give_up_leases
+        self._giving_up: set[asyncio.Task[None]] = set()
 
     # -- publish ----------------------------------------------------------------------------
 
@@ -140,14 +169,81 @@ class Delivery:
     ) -> list[tuple[list[UUID], list[str], list[int]]]:
         """Write a group commit's publishes; waiters hear of them once committed.
 
-        The database reports the subscriptions fed once per topic in the batch
+        A consumer parked here on a subscription the topics fed lately is
+        reserved first, and the same transaction leases it the oldest
+        deliverable messages, this publish's unless older ones wait (hand-off:
+        it answers without a look of its own, and nobody is woken for the
+        publish's messages it took). The database reports the subscriptions fed once per topic in the batch
         (with the first of its requests), so waking happens here, for the whole
         batch, and not in each request (whose caller may be gone by then).
         """
-        results = await self.database.publish_batch(requests)
-        for _, woken, counts in results:
+        reserved = self._reserve_handoffs(requests)
+        taken: dict[str, int] = {}
+        if not reserved:
+            results = await self.database.publish_batch(requests)
+        else:
+            handoffs = [(s, str(w.consumer), min(w.demand, MAX_BATCH_SIZE)) for s, w in reserved]
+            handed: list[list[tuple[UUID, str]]] = []
+            try:
+                results, handed = await self.database.publish_handoff(requests, handoffs)
+            finally:
+                # Every reserved waiter hears, whatever happened (nothing: it looks for itself).
+                for index, (_, waiter) in enumerate(reserved):
+                    self.hub.hand_over(waiter, handed[index] if index < len(handed) else [])
+            # The lease takes the oldest deliverable messages first: only those of
+            # this publish need no wake-up (older ones had theirs).
+            new = {message_id for ids, _, _ in results for message_id in ids}
+            for (subscription_id, _), events in zip(reserved, handed, strict=False):
+                mine = sum(1 for message_id, _ in events if message_id in new)
+                if mine:
+                    taken[subscription_id] = mine
+        for (topic_id, _, _), (_, woken, counts) in zip(requests, results, strict=False):
+            if woken:
+                self._learn_routes(topic_id, woken)
+                if taken:
+                    woken, counts = _untaken(woken, counts, taken)
             self.hub.published(woken, counts)
         return results
+
+    def _reserve_handoffs(self, requests: Sequence[tuple[str, str, bool]]) -> list[tuple[str, Waiter]]:
+        """A consumer parked here on each subscription these topics fed lately, reserved (hub.reserve)."""
+        reserved: list[tuple[str, Waiter]] = []
+        if not self.handoff:
+            return reserved
+        fed = {
+            subscription_id
+            for topic_id, _, _ in requests
+            for subscription_id in self._routes.get(topic_id, ())
+        }
+        for subscription_id in sorted(fed):  # one order for every batch's leases
+            waiter = self.hub.reserve(subscription_id)
+            if waiter is not None:
+                reserved.append((subscription_id, waiter))
+        return reserved
+
+    def _give_up_leases(self, subscription_id: str, events: list[tuple[UUID, str]]) -> None:
+        """End the leases a publish took for a consumer that had gone: deliverable again at once."""
+
+        async def give_up() -> None:
+            try:
+                await self.settle(subscription_id, "extend", ids=[m for m, _ in events], seconds=0)
+            except Exception as exc:  # they run out at their deadline instead
+                log.warning("could not give up %d leases of %s: %s", len(events), subscription_id, exc)
+
+        task = asyncio.get_running_loop().create_task(give_up(), name="fastpubsub-give-up-leases")
+        self._giving_up.add(task)
+        task.add_done_callback(self._giving_up.discard)
+
+    def _learn_routes(self, topic_id: str, woken: Sequence[str]) -> None:
+        """Remember the subscriptions a publish to `topic_id` fed (where handoffs may go next time)."""
+        known = self._routes.get(topic_id)
+        if known is None:
+            if len(self._routes) >= MAX_ROUTES:
+                self._routes.clear()
+            known = self._routes[topic_id] = set()
+        if len(known) + len(woken) > MAX_ROUTES:
+            known.clear()
+        known.update(woken)
 
     # -- consume and long-poll ----------------------------------------------------------------
 
@@ -192,7 +288,7 @@ class Delivery:
         deadline = loop.time() + wait_seconds
         hub = self.hub
         with (
-            hub.waiter(subscription_id, batch_size) as waiter,
+            hub.waiter(subscription_id, batch_size, consumer=consumer_id) as waiter,
             _client_watch(receive, waiter.event) as gone,
         ):
             while True:
@@ -209,7 +305,19 @@ class Delivery:
                 if remaining <= 0:
                     return 0, data
                 hub.note_due(subscription_id, due)
-                await wait_for(waiter.event, remaining)
+                waiter.parked = True
+                try:
+                    await wait_for(waiter.event, remaining)
+                finally:
+                    waiter.parked = False
+                if waiter.handoff is not None and not gone.is_set():
+                    # A publish here is leasing messages for it: those, before anything
+                    # else. (Once its client has gone it leaves: hub.waiter gives them up.)
+                    events = await asyncio.shield(waiter.handoff)
+                    waiter.handoff = None
+                    if events:
+                        hub.note_leased(subscription_id)
+                        return len(events), "[" + ",".join(data for _, data in events) + "]"
                 # Whatever ended the wait (news, a due time, the deadline, the
                 # client leaving), look again: the last look comes after the deadline.
 
@@ -351,20 +459,29 @@ class Delivery:
         written = loop.time()
         quiet_until = quiet_end(written, idle_seconds)  # when the next idle batch is due
         kept_alive = False  # the last wait ended in an idle batch, nothing having woken the stream
+        # A publish here just leased it fewer messages than it had room for: with
+        # no news since it was reserved, that was all there is, and only news
+        # (which wakes it) makes a look worthwhile.
+        handed_all = False
         checked = written  # when the database last said which leases are still held (none yet)
         outage_since: float | None = None
         retry = OUTAGE_RETRY_SECONDS
-        with hub.stream(subscription_id), hub.waiter(subscription_id, window.room(), held) as waiter:
+        with (
+            hub.stream(subscription_id),
+            hub.waiter(subscription_id, window.room(), held, consumer=consumer_id) as waiter,
+        ):
             window.waiter = waiter
             try:
                 while not hub.stopping.is_set():
+                    no_news = handed_all and not hub.news_since_reserved(subscription_id, waiter)
+                    handed_all = False
                     waiter.looking()
                     now = loop.time()
                     expired = [m for m, ends in held.items() if ends <= now]
                     for message_id in expired:
                         del held[message_id]  # its lease ran out: room again (it may come back)
                     # After a keep-alive, look only if no stream here has lately (see looked_lately).
-                    idle = kept_alive and not expired and hub.looked_lately(subscription_id)
+                    idle = not expired and (no_news or (kept_alive and hub.looked_lately(subscription_id)))
                     timeout = math.inf
                     try:
                         if (
@@ -385,13 +502,9 @@ class Delivery:
                                 subscription_id, consumer_id, min(room, MAX_BATCH_SIZE)
                             )
                             if events:
-                                hub.note_leased(subscription_id)
                                 if len(events) >= min(room, MAX_BATCH_SIZE):
                                     hub.pass_on(subscription_id, waiter)
-                                CONSUMED.labels(subscription_id).inc(len(events))
-                                ends = loop.time() + lease_seconds
-                                for message_id, _ in events:
-                                    held[message_id] = ends
+                                self._took(subscription_id, events, held, loop.time() + lease_seconds)
                                 yield events
                                 written = loop.time()
                                 quiet_until = quiet_end(written, idle_seconds)
@@ -413,8 +526,26 @@ class Delivery:
                             ) from exc
                         timeout, retry = retry, min(retry * 2, MAX_OUTAGE_RETRY_SECONDS)
                     timeout = min(timeout, quiet_until - loop.time())
-                    woken = await wait_for(waiter.event, timeout)
+                    waiter.parked = True
+                    try:
+                        woken = await wait_for(waiter.event, timeout)
+                    finally:
+                        waiter.parked = False
                     kept_alive = False
+                    if waiter.handoff is not None and not (gone is not None and gone.is_set()):
+                        # A publish here leased messages for it: those, before anything
+                        # else. (Once its client has gone it ends: hub.waiter gives them up.)
+                        events = await asyncio.shield(waiter.handoff)
+                        waiter.handoff = None
+                        if events:
+                            handed_all = len(events) < min(waiter.demand, MAX_BATCH_SIZE)
+                            self._took(subscription_id, events, held, loop.time() + lease_seconds)
+                            yield events
+                            written = loop.time()
+                            quiet_until = quiet_end(written, idle_seconds)
+                            if gone is not None and gone.is_set():
+                                return
+                            continue
                     if loop.time() >= quiet_until - TIMER_SLACK_SECONDS:
                         yield []
                         written = loop.time()
@@ -424,6 +555,15 @@ class Delivery:
                         return
             finally:
                 window.waiter = None
+
+    def _took(
+        self, subscription_id: str, events: list[tuple[UUID, str]], held: dict[UUID, float], ends: float
+    ) -> None:
+        """A stream leased `events` (itself, or a publish for it), held until `ends` (loop time)."""
+        self.hub.note_leased(subscription_id)
+        CONSUMED.labels(subscription_id).inc(len(events))
+        for message_id, _ in events:
+            held[message_id] = ends
 
 
 class Window:

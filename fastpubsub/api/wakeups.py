@@ -10,6 +10,9 @@ of it (a woken waiter that leaves before it looks hands the news on, here or
 to them); otherwise they are told what is left, and each wakes its own. A
 waiter that leases a full batch wakes the next one (there may be more); one
 that finds nothing (another process was quicker) waits again in its place.
+Before that, a publish in this process may reserve a parked waiter and lease
+it messages in its own transaction (`reserve`, `hand_over`; see
+Delivery._publish_batch): only what is left after that is news.
 
 Where the news comes from:
 * this process's own publishes, nacks, reprocessing and replays (after their
@@ -42,11 +45,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import os
 import secrets
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from uuid import UUID
 
 from fastpubsub.api.metrics import WAKEUP_NOTICES
@@ -120,9 +124,23 @@ def begin_stopping_everywhere() -> None:
 class Waiter:
     """One waiting consumer: its event, its demand and (streams) the messages it holds."""
 
-    __slots__ = ("baton", "demand", "event", "held", "owed", "recheck")
+    __slots__ = (
+        "baton",
+        "consumer",
+        "demand",
+        "event",
+        "handoff",
+        "handoff_mark",
+        "held",
+        "missed",
+        "owed",
+        "parked",
+        "recheck",
+    )
 
-    def __init__(self, demand: int, held: dict[UUID, float] | None = None) -> None:
+    def __init__(
+        self, demand: int, held: dict[UUID, float] | None = None, consumer: str | None = None
+    ) -> None:
         self.demand = demand
         self.event = asyncio.Event()
         self.held = held  # a stream's messages out, and when (loop time) their leases end
@@ -132,6 +150,16 @@ class Waiter:
         self.baton = False
         # Woken for news and not yet looked: leaving now, it hands the news on.
         self.owed = False
+        # Its consumer (long-polls and streams): a publish in this process may
+        # lease messages for it in its own transaction (WakeHub.reserve) while
+        # it is parked: waiting, after a look that found nothing. `handoff` is
+        # then what it waits for before anything else: the messages leased for
+        # it, (id, JSON) each.
+        self.consumer = consumer
+        self.parked = False
+        self.handoff: asyncio.Future[list[tuple[UUID, str]]] | None = None
+        self.handoff_mark = 0  # its queue's news count when it was reserved
+        self.missed = False  # a long-poll passed over for news while reserved (WakeHub.wake)
 
     def looking(self) -> None:
         """It is about to look: the wake-up, and the news it was owed, are taken."""
@@ -210,6 +238,10 @@ class WakeHub:
         self.notifications_sent = 0
         self.sibling_only_sends = 0
         self.wakeups = 0
+        self.handoffs = 0  # consumers given what a publish here leased for them
+        # Called with what a publish leased for a waiter that had gone by then
+        # (set by Delivery, which gives those leases up).
+        self.on_abandoned: Callable[[str, list[tuple[UUID, str]]], None] | None = None
 
     @property
     def connected(self) -> asyncio.Event:
@@ -261,16 +293,27 @@ class WakeHub:
 
     @contextlib.contextmanager
     def waiter(
-        self, subscription_id: str, demand: int, held: dict[UUID, float] | None = None
+        self,
+        subscription_id: str,
+        demand: int,
+        held: dict[UUID, float] | None = None,
+        consumer: str | None = None,
     ) -> Iterator[Waiter]:
-        """Register a waiter for `subscription_id` (before its first look: no wake-up is missed)."""
+        """Register a waiter for `subscription_id` (before its first look: no wake-up is missed).
+
+        With `consumer`, publishes may hand it messages (reserve).
+        """
         queue = self._queue(subscription_id)
-        waiter = Waiter(demand, held)
+        waiter = Waiter(demand, held, consumer)
         queue.waiters[waiter] = None
         try:
             yield waiter
         finally:
             del queue.waiters[waiter]
+            if waiter.handoff is not None:
+                # Reserved, and gone without what the publish leases for it: the
+                # leases are given up once it has committed (on_abandoned).
+                waiter.handoff.add_done_callback(functools.partial(self._abandoned, subscription_id))
             # Woken for messages it will not look at now (its client left): the
             # next waiter here looks instead, or the other processes do.
             if waiter.owed and not self.stopping.is_set() and self.wake(subscription_id, None) > 0:
@@ -362,6 +405,12 @@ class WakeHub:
         for waiter in queue.waiters:
             if waiter.demand <= 0 or waiter.event.is_set():
                 continue
+            if waiter.handoff is not None and waiter.held is None:
+                # A long-poll reserved for a publish answers with what that
+                # leases: the news goes to the next waiter, and to it as well
+                # if the publish leases it nothing (hand_over).
+                waiter.missed = True
+                continue
             waiter.event.set()
             waiter.baton = count is None
             waiter.owed = True
@@ -370,6 +419,56 @@ class WakeHub:
             if remaining <= 0:
                 break
         return max(remaining, 0)
+
+    def reserve(self, subscription_id: str) -> Waiter | None:
+        """The first consumer parked on `subscription_id`, reserved for a publish to lease messages for.
+
+        Until hand_over, no other publish reserves it, and if it wakes it waits
+        for the handoff before it looks (a look of its own could lease other
+        messages, and those of the handoff would then wait for their lease to
+        run out).
+        """
+        queue = self._queues.get(subscription_id)
+        if queue is None or self.stopping.is_set():
+            return None
+        for waiter in queue.waiters:
+            if (
+                waiter.parked
+                and waiter.consumer is not None
+                and waiter.handoff is None
+                and not waiter.event.is_set()
+                and waiter.demand > 0
+            ):
+                waiter.handoff = asyncio.get_running_loop().create_future()
+                waiter.handoff_mark = queue.news
+                return waiter
+        return None
+
+    def hand_over(self, waiter: Waiter, events: list[tuple[UUID, str]]) -> None:
+        """What the publish leased for a reserved waiter (none: nothing, or it failed): it takes that."""
+        handoff = waiter.handoff
+        if handoff is None or handoff.done():
+            return
+        handoff.set_result(events)
+        if events:
+            self.handoffs += 1
+            waiter.event.set()
+            return
+        waiter.handoff = None  # back to waiting, as if never reserved
+        if waiter.missed:  # and news passed it over meanwhile: it looks
+            waiter.missed = False
+            waiter.event.set()
+            waiter.owed = True
+            waiter.baton = True
+
+    def _abandoned(self, subscription_id: str, handoff: asyncio.Future[list[tuple[UUID, str]]]) -> None:
+        if not handoff.cancelled() and handoff.result() and self.on_abandoned is not None:
+            self.on_abandoned(subscription_id, handoff.result())
+
+    def news_since_reserved(self, subscription_id: str, waiter: Waiter) -> bool:
+        """Whether any news of `subscription_id` came since `waiter` was reserved for a publish."""
+        queue = self._queues.get(subscription_id)
+        return queue is None or queue.news != waiter.handoff_mark
 
     def pass_on(self, subscription_id: str, waiter: Waiter) -> None:
         """`waiter` leased a full batch: if it was woken not knowing how many there were, the next looks."""

@@ -7,6 +7,7 @@ import contextlib
 import itertools
 import json
 from collections.abc import AsyncIterator
+from uuid import UUID
 
 import httpx
 import pytest
@@ -303,3 +304,30 @@ async def test_a_slow_renewal_of_an_empty_look_is_still_one_look(
         await asyncio.sleep(2.0)  # every stream's keep-alive falls due 4 times in each slow look
         assert 1 <= len(looks) <= 4, looks
         assert all(later - earlier >= 0.4 for earlier, later in itertools.pairwise(looks)), looks
+
+
+async def test_a_publish_hands_its_messages_to_a_waiting_stream_which_makes_no_look(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await setup(api, ack_deadline_seconds=60)
+    hub = api.app.state.hub  # type: ignore[attr-defined]
+    await api.post("/topics/t/messages", json=[{"n": 1}])  # the server learns where t's messages go
+    sse = stream(api, max_in_flight=10)
+    try:
+        first = json.loads((await sse.next_event(within=5))[0])
+        await until_quiet(api, monkeypatch, at_least=max(wakeups.NEW_INTEREST_LOOKS) + 0.1)
+        (waiter,) = hub._queues["s"].waiters
+        assert waiter.parked  # it has room, found nothing and waits
+        handed = hub.handoffs
+        ran = count_queries(api, monkeypatch)
+        await api.post("/topics/t/messages", json=[{"n": 2}, {"n": 3}])
+        events = [json.loads((await sse.next_event(within=5))[0]) for _ in range(2)]
+        assert [(e["payload"], e["delivery_attempts"]) for e in events] == [({"n": 2}, 1), ({"n": 3}, 1)]
+        assert hub.handoffs == handed + 1
+        assert ran == ["publish_handoff"]  # leased in the publish's transaction: the stream ran nothing
+        # They count against its window and are its leases: acking them works.
+        assert set(waiter.held) == {UUID(m["id"]) for m in (first, *events)}
+        ids = [m["id"] for m in (first, *events)]
+        assert (await api.post("/subscriptions/s/acks", json=ids)).status_code == 204
+    finally:
+        await sse.close()

@@ -71,17 +71,191 @@ async def test_a_publish_wakes_as_many_waiters_as_it_has_messages(api: httpx.Asy
     await asyncio.sleep(0.3)
     assert len(pending) == 49  # nobody else was answered
     assert hub.wakeups - woken == 1  # and nobody else looked
-    woken = hub.wakeups
+    woken, handed = hub.wakeups, hub.handoffs
     await api.post("/topics/t/messages", json=[{"n": 2}, {"n": 3}, {"n": 4}])
     done, pending = await asyncio.wait(pending, timeout=2)
     assert len(done) == 3
     assert sorted(task.result()[0]["payload"]["n"] for task in done) == [2, 3, 4]
-    assert hub.wakeups - woken == 3
+    # The publish leased one for a parked waiter in its own transaction (the
+    # topic's routes are known since the first publish); two more looked.
+    assert hub.handoffs - handed == 1
+    assert hub.wakeups - woken == 2
     hub.begin_stopping()  # the rest answer at once, empty
     started = time.monotonic()
     results = await asyncio.gather(*pending)
     assert results == [[]] * 46
     assert time.monotonic() - started < 2
+
+
+async def parked_long_poll(api: httpx.AsyncClient, consumer: str) -> asyncio.Task[list[dict]]:
+    """A long-poll on s that has looked, found nothing and waits (past a new interest's extra looks)."""
+    poll = long_poll(api, consumer)
+    await settle_waiters(api, 1)
+    await asyncio.sleep(max(wakeups.NEW_INTEREST_LOOKS) + 0.1)
+    await settle_waiters(api, 1)
+    return poll
+
+
+async def test_a_publish_hands_its_message_to_a_parked_long_poll_which_then_makes_no_look(
+    api: httpx.AsyncClient,
+) -> None:
+    await setup(api)
+    state = api.app.state  # type: ignore[attr-defined]
+    hub, delivery = state.hub, state.delivery
+    await api.post("/topics/t/messages", json=[{"n": 1}])  # the server learns where t's messages go
+    (first,) = await long_poll(api, "c")
+    poll = await parked_long_poll(api, "c")
+    looks, woken, handed = delivery.consumes.batches, hub.wakeups, hub.handoffs
+    await api.post("/topics/t/messages", json=[{"n": 2}, {"n": 3}])
+    (message,) = await asyncio.wait_for(poll, 2)
+    assert (message["payload"], message["delivery_attempts"]) == ({"n": 2}, 1)
+    assert hub.handoffs == handed + 1
+    # Leased in the publish's transaction: the long-poll ran no consume, and the
+    # publish woke nobody for the message it handed over.
+    assert delivery.consumes.batches == looks
+    assert hub.wakeups == woken
+    # Leased to the long-poll's consumer like any consumed message: it acks it,
+    # and the next look gets the one the batch size left.
+    await api.post("/subscriptions/s/acks", json=[first["id"], message["id"]])
+    (rest,) = await long_poll(api, "c")
+    assert rest["payload"] == {"n": 3}
+    await api.post("/subscriptions/s/acks", json=[rest["id"]])
+    assert await long_poll(api, "c", wait=0.2) == []
+
+
+async def test_with_handoffs_off_a_parked_long_poll_is_woken_and_looks_for_itself(
+    make_api: ClientFactory,
+) -> None:
+    api = await make_api(publish_handoff=False)
+    await setup(api)
+    state = api.app.state  # type: ignore[attr-defined]
+    await api.post("/topics/t/messages", json=[{"n": 1}])
+    assert len(await long_poll(api, "c")) == 1  # where t's messages go is known from here on
+    poll = await parked_long_poll(api, "c")
+    looks, woken = state.delivery.consumes.batches, state.hub.wakeups
+    await api.post("/topics/t/messages", json=[{"n": 2}])
+    (message,) = await asyncio.wait_for(poll, 2)
+    assert message["payload"] == {"n": 2}
+    assert state.hub.handoffs == 0
+    assert (state.hub.wakeups, state.delivery.consumes.batches) == (woken + 1, looks + 1)
+
+
+async def test_a_publish_that_fails_hands_nothing_and_the_long_poll_waits_on(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await api.post("/topics", json={"id": "t"})
+    await api.post(
+        "/subscriptions", json={"id": "s", "topic_id": "t", "max_backlog": 2, "backlog_policy": "reject"}
+    )
+    hub = api.app.state.hub  # type: ignore[attr-defined]
+    await api.post("/topics/t/messages", json=[{"n": 1}])
+    (first,) = await long_poll(api, "c")
+    await api.post("/subscriptions/s/acks", json=[first["id"]])
+    poll = await parked_long_poll(api, "c")
+    handed = hub.handoffs
+    ran = count_queries(api, monkeypatch)
+    refused = await api.post("/topics/t/messages", json=[{"n": 2}, {"n": 3}, {"n": 4}])
+    assert refused.status_code == 429
+    assert ran == ["publish_handoff"]  # it was to hand them over
+    await asyncio.sleep(0.3)
+    assert not poll.done()  # still waiting: the publish, and its handoff, rolled back
+    await settle_waiters(api, 1)  # and a publish may hand it messages again
+    assert (await api.post("/topics/t/messages", json=[{"n": 5}])).status_code == 204
+    (message,) = await asyncio.wait_for(poll, 2)
+    assert (message["payload"], message["delivery_attempts"]) == ({"n": 5}, 1)
+    assert hub.handoffs == handed + 1
+
+
+async def test_leases_a_publish_took_for_a_consumer_that_left_meanwhile_are_given_up_at_once(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await setup(api)
+    state = api.app.state  # type: ignore[attr-defined]
+    await api.post("/topics/t/messages", json=[{"n": 1}])
+    (first,) = await long_poll(api, "c")
+    await api.post("/subscriptions/s/acks", json=[first["id"]])
+    reserved, gate = asyncio.Event(), asyncio.Event()  # the publish, held before its transaction
+    real = state.database.publish_handoff
+
+    async def held_back(*args: object) -> object:
+        reserved.set()
+        await gate.wait()
+        return await real(*args)
+
+    monkeypatch.setattr(state.database, "publish_handoff", held_back)
+    with state.hub.waiter("s", 1, consumer="gone") as waiter:
+        waiter.parked = True  # as a long-poll's, after a look that found nothing
+        publishing = asyncio.create_task(api.post("/topics/t/messages", json=[{"n": 2}]))
+        await asyncio.wait_for(reserved.wait(), 5)
+        assert waiter.handoff is not None  # reserved for it
+    # It left (its client hung up) before the publish leased n 2 for it.
+    gate.set()
+    assert (await publishing).status_code == 204
+    (message,) = await asyncio.wait_for(long_poll(api, "other"), 2)  # not after the 30 s ack deadline
+    assert (message["payload"], message["delivery_attempts"]) == ({"n": 2}, 2)  # the hand-off counted one
+
+
+async def test_news_a_reserved_long_poll_was_passed_over_for_wakes_it_if_the_publish_hands_it_nothing(
+    make_api: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = await make_api(), await make_api()
+    await a.post("/topics", json={"id": "t"})
+    limited = {"id": "s", "topic_id": "t", "max_backlog": 2, "backlog_policy": "reject"}
+    await a.post("/subscriptions", json=limited)
+    for app in (a, b):
+        await asyncio.wait_for(app.app.state.hub.connected.wait(), 5)  # type: ignore[attr-defined]
+    state = a.app.state  # type: ignore[attr-defined]
+    await a.post("/topics/t/messages", json=[{"n": 1}])
+    (first,) = await long_poll(a, "c")
+    await a.post("/subscriptions/s/acks", json=[first["id"]])
+    poll = await parked_long_poll(a, "c")
+    reserved, gate, heard = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    real_publish, real_wake = state.database.publish_handoff, state.hub.wake
+
+    async def held_back(*args: object) -> object:
+        reserved.set()
+        await gate.wait()
+        return await real_publish(*args)
+
+    def wake(subscription_id: str, count: int | None) -> int:
+        uncovered = real_wake(subscription_id, count)
+        heard.set()
+        return int(uncovered)
+
+    monkeypatch.setattr(state.database, "publish_handoff", held_back)
+    monkeypatch.setattr(state.hub, "wake", wake)
+    refused = asyncio.create_task(a.post("/topics/t/messages", json=[{"n": 2}, {"n": 3}, {"n": 4}]))
+    await asyncio.wait_for(reserved.wait(), 5)
+    assert (await b.post("/topics/t/messages", json=[{"n": 5}])).status_code == 204
+    await asyncio.wait_for(heard.wait(), 5)  # a heard of n 5 while its long-poll was reserved
+    (waiter,) = state.hub._queues["s"].waiters
+    assert waiter.missed  # passed over: it was to answer with the hand-off
+    assert not waiter.event.is_set()
+    gate.set()
+    assert (await refused).status_code == 429  # which leases nothing, so it looks after all
+    (message,) = await asyncio.wait_for(poll, 2)
+    assert message["payload"] == {"n": 5}
+
+
+async def test_a_hand_off_of_older_messages_leaves_the_publishs_own_to_wake_a_waiter(
+    api: httpx.AsyncClient, database_url: str
+) -> None:
+    await setup(api)
+    await api.post("/topics/t/messages", json=[{"n": 1}])
+    (first,) = await long_poll(api, "c1")
+    await api.post("/subscriptions/s/acks", json=[first["id"]])
+    polls = [long_poll(api, "c1"), long_poll(api, "c2")]
+    await settle_waiters(api, 2)
+    await asyncio.sleep(max(wakeups.NEW_INTEREST_LOOKS) + 0.1)
+    await settle_waiters(api, 2)
+    # A message published in SQL that tells nobody: waiting, unheard of.
+    with psycopg.connect(libpq_url(database_url), autocommit=True) as conn:
+        conn.execute("SET fastpubsub.notify = off")
+        conn.execute("""SELECT fastpubsub.publish('t', '[{"n": 2}]')""")
+    await api.post("/topics/t/messages", json=[{"n": 3}])
+    # The first waiter is handed the oldest (n 2); n 3 wakes the second at once.
+    done = await asyncio.wait_for(asyncio.gather(*polls), 2)
+    assert [message["payload"]["n"] for (message,) in done] == [2, 3]
 
 
 async def test_another_process_hears_of_a_publish_and_no_data_transaction_notifies(
