@@ -27,8 +27,11 @@ from fastpubsub.bench import suite, workloads
 from fastpubsub.bench.waiting import transactions
 
 
-async def one_round(database_url: str, relay: bool, rate: float, seconds: float) -> dict[str, Any]:
-    async with suite.server(database_url, 2, {"FASTPUBSUB_WORKER_RELAY": str(relay).lower()}) as (url, _):
+async def e2e_round(
+    database_url: str, settings: dict[str, str], rate: float, seconds: float, workers: int = 2
+) -> dict[str, Any]:
+    """One round of the end-to-end workload on a new server with `settings`: p50, p99, transactions."""
+    async with suite.server(database_url, workers, settings) as (url, _):
         await asyncio.sleep(INTEREST_SECONDS + 1)
         before = transactions(database_url)
         result = await workloads.http_end_to_end(
@@ -36,35 +39,38 @@ async def one_round(database_url: str, relay: bool, rate: float, seconds: float)
         )
         spent = transactions(database_url) - before
     return {
-        "relay": relay,
         "p50_ms": round(result.extra["p50_ms"], 2),
         "p99_ms": round(result.extra["p99_ms"], 2),
         "transactions_per_message": round(spent / max(result.messages, 1), 2),
     }
 
 
-async def main(options: argparse.Namespace) -> None:
+async def compare(setting: str, names: tuple[str, str], options: argparse.Namespace, workers: int) -> None:
+    """Alternating rounds with `setting` true and false (named `names`): a line per round, medians, JSON."""
     rounds: list[dict[str, Any]] = []
     with suite.database(None) as (database_url, _):
         for number in range(1, options.rounds + 1):
-            for relay in (True, False):
-                figures = await one_round(database_url, relay, options.rate, options.seconds)
-                rounds.append(figures)
-                way = "directly " if relay else "notified "
+            for on, name in zip((True, False), names, strict=True):
+                settings = {setting: str(on).lower()}
+                figures = await e2e_round(database_url, settings, options.rate, options.seconds, workers)
+                rounds.append({"on": on, **figures})
                 print(
-                    f"round {number}, {way}: e2e p50 {figures['p50_ms']} ms, p99 {figures['p99_ms']} ms, "
+                    f"round {number}, {name}: e2e p50 {figures['p50_ms']} ms, p99 {figures['p99_ms']} ms, "
                     f"{figures['transactions_per_message']} transactions per message",
                     flush=True,
                 )
-    summary: dict[str, Any] = {"rate": options.rate, "rounds": rounds}
-    for relay, name in ((True, "directly"), (False, "notified")):
-        mine = [r for r in rounds if r["relay"] is relay]
+    summary: dict[str, Any] = {"setting": setting, "rate": options.rate, "workers": workers, "rounds": rounds}
+    for on, name in zip((True, False), names, strict=True):
+        mine = [r for r in rounds if r["on"] is on]
         for key in ("p50_ms", "p99_ms", "transactions_per_message"):
             summary[f"{name}_{key}"] = statistics.median(r[key] for r in mine)
     print(
-        f"medians: directly {summary['directly_p50_ms']} ms p50, "
-        f"{summary['directly_transactions_per_message']} transactions per message; "
-        f"notified {summary['notified_p50_ms']} ms p50, {summary['notified_transactions_per_message']}"
+        "medians: "
+        + "; ".join(
+            f"{name} {summary[f'{name}_p50_ms']} ms p50, {summary[f'{name}_transactions_per_message']} "
+            "transactions per message"
+            for name in names
+        )
     )
     print(json.dumps(summary))
 
@@ -74,4 +80,4 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--rate", type=float, default=100)
-    asyncio.run(main(parser.parse_args()))
+    asyncio.run(compare("FASTPUBSUB_WORKER_RELAY", ("directly", "notified"), parser.parse_args(), workers=2))
