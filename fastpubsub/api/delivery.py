@@ -305,19 +305,11 @@ class Delivery:
                 if remaining <= 0:
                     return 0, data
                 hub.note_due(subscription_id, due)
-                waiter.parked = True
-                try:
-                    await wait_for(waiter.event, remaining)
-                finally:
-                    waiter.parked = False
-                if waiter.handoff is not None and not gone.is_set():
-                    # A publish here is leasing messages for it: those, before anything
-                    # else. (Once its client has gone it leaves: hub.waiter gives them up.)
-                    events = await asyncio.shield(waiter.handoff)
-                    waiter.handoff = None
-                    if events:
-                        hub.note_leased(subscription_id)
-                        return len(events), "[" + ",".join(data for _, data in events) + "]"
+                await park(waiter, remaining)
+                # Once its client has gone it leaves: hub.waiter gives up what was handed.
+                if not gone.is_set() and (events := await take_handoff(waiter)):
+                    hub.note_leased(subscription_id)
+                    return len(events), "[" + ",".join(data for _, data in events) + "]"
                 # Whatever ended the wait (news, a due time, the deadline, the
                 # client leaving), look again: the last look comes after the deadline.
 
@@ -526,26 +518,18 @@ class Delivery:
                             ) from exc
                         timeout, retry = retry, min(retry * 2, MAX_OUTAGE_RETRY_SECONDS)
                     timeout = min(timeout, quiet_until - loop.time())
-                    waiter.parked = True
-                    try:
-                        woken = await wait_for(waiter.event, timeout)
-                    finally:
-                        waiter.parked = False
+                    woken = await park(waiter, timeout)
                     kept_alive = False
-                    if waiter.handoff is not None and not (gone is not None and gone.is_set()):
-                        # A publish here leased messages for it: those, before anything
-                        # else. (Once its client has gone it ends: hub.waiter gives them up.)
-                        events = await asyncio.shield(waiter.handoff)
-                        waiter.handoff = None
-                        if events:
-                            handed_all = len(events) < min(waiter.demand, MAX_BATCH_SIZE)
-                            self._took(subscription_id, events, held, loop.time() + lease_seconds)
-                            yield events
-                            written = loop.time()
-                            quiet_until = quiet_end(written, idle_seconds)
-                            if gone is not None and gone.is_set():
-                                return
-                            continue
+                    # Once its client has gone it ends: hub.waiter gives up what was handed.
+                    if not (gone is not None and gone.is_set()) and (events := await take_handoff(waiter)):
+                        handed_all = len(events) < min(waiter.demand, MAX_BATCH_SIZE)
+                        self._took(subscription_id, events, held, loop.time() + lease_seconds)
+                        yield events
+                        written = loop.time()
+                        quiet_until = quiet_end(written, idle_seconds)
+                        if gone is not None and gone.is_set():
+                            return
+                        continue
                     if loop.time() >= quiet_until - TIMER_SLACK_SECONDS:
                         yield []
                         written = loop.time()
@@ -616,6 +600,24 @@ async def wait_for(event: asyncio.Event, seconds: float) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+async def park(waiter: Waiter, seconds: float) -> bool:
+    """wait_for on the waiter's event, parked meanwhile: a publish here may reserve it (WakeHub.reserve)."""
+    waiter.parked = True
+    try:
+        return await wait_for(waiter.event, seconds)
+    finally:
+        waiter.parked = False
+
+
+async def take_handoff(waiter: Waiter) -> list[tuple[UUID, str]]:
+    """What a publish here leased for the waiter while it was parked, once committed (none: [])."""
+    if waiter.handoff is None:
+        return []
+    events = await asyncio.shield(waiter.handoff)
+    waiter.handoff = None
+    return events
 
 
 @contextlib.contextmanager

@@ -78,6 +78,20 @@ def text_array(texts: Iterable[str]) -> str:
     return "{" + ",".join(_array_element(text) for text in texts) + "}"
 
 
+def _publish_params(requests: Sequence[tuple[str, str, bool]]) -> dict[str, Any]:
+    """A group commit's publish requests (topic, JSON body, envelopes) as the publish queries take them."""
+    return {
+        "topics": text_array(request[0] for request in requests),
+        "bodies": text_array(request[1] for request in requests),
+        "envelopes": [request[2] for request in requests],
+    }
+
+
+def _published(row: Any) -> tuple[list[UUID], list[str], list[int]]:
+    """One publish request's result row: its message ids, and the subscriptions fed with their counts."""
+    return list(row.ids), list(row.woken), list(row.woken_counts)
+
+
 def _array_element(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -290,14 +304,9 @@ class Database:
         if len(requests) == 1:
             ((topic, body, envelopes),) = requests
             row = await self._one("publish_one", topic=topic, body=body, envelopes=envelopes)
-            return [(list(row.ids), list(row.woken), list(row.woken_counts))]
-        rows = await self._rows(
-            "publish_batch",
-            topics=text_array(request[0] for request in requests),
-            bodies=text_array(request[1] for request in requests),
-            envelopes=[request[2] for request in requests],
-        )
-        return [(list(row.ids), list(row.woken), list(row.woken_counts)) for row in rows]
+            return [_published(row)]
+        rows = await self._rows("publish_batch", **_publish_params(requests))
+        return [_published(row) for row in rows]
 
     async def publish_handoff(
         self, requests: Sequence[tuple[str, str, bool]], handoffs: Sequence[tuple[str, str, int]]
@@ -311,17 +320,14 @@ class Database:
         """
         rows = await self._rows(
             "publish_handoff",
-            topics=text_array(request[0] for request in requests),
-            bodies=text_array(request[1] for request in requests),
-            envelopes=[request[2] for request in requests],
+            **_publish_params(requests),
             subscriptions=[handoff[0] for handoff in handoffs],
             consumers=[handoff[1] for handoff in handoffs],
             sizes=[handoff[2] for handoff in handoffs],
         )
         count = len(requests)
-        published = [(list(row.ids), list(row.woken), list(row.woken_counts)) for row in rows[:count]]
         handed = [list(zip(row.ids, row.events, strict=True)) for row in rows[count:]]
-        return published, handed
+        return [_published(row) for row in rows[:count]], handed
 
     async def settle_batch(self, requests: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """Several acks, nacks and lease extensions in one transaction (see _settle_batch)."""
