@@ -12,8 +12,9 @@ responses).
 Anything it does not fully understand (an odd query string, ids in another
 spelling, a body that is not a JSON list of ids, another content type) goes
 on to the router untouched, so validation errors and every other detail stay
-exactly the framework's. It sits inside the request-id, logging, body-limit
-and metrics middleware, which therefore see these requests like any other.
+exactly the framework's. It sits inside the front layer (request id, log, body
+limit, metrics: api/middleware.py) and the gate, which therefore see these
+requests like any other; it names the route it answered for the metrics.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fastpubsub.api import errors
 from fastpubsub.api.deps import get_principal
+from fastpubsub.api.metrics import ROUTE_TEMPLATE
 from fastpubsub.api.schemas import (
     DEFAULT_BATCH_SIZE,
     ID_PATTERN,
@@ -37,6 +39,10 @@ from fastpubsub.api.schemas import (
 )
 
 _ID = ID_PATTERN.removeprefix("^").removesuffix("$")
+# The routes' templates (the router's own, for the HTTP metrics; a test checks they match).
+CONSUME_ROUTE = "/subscriptions/{subscription_id}/messages"
+ACK_ROUTE = "/subscriptions/{subscription_id}/acks"
+PUBLISH_ROUTE = "/topics/{topic_id}/messages"
 _CONSUME = re.compile(rf"/subscriptions/({_ID})/messages")
 _ACK = re.compile(rf"/subscriptions/({_ID})/acks")
 _PUBLISH = re.compile(rf"/topics/({_ID})/messages")
@@ -56,12 +62,15 @@ class FastPath:
         if scope["type"] == "http":
             path: str = scope["path"]
             if scope["method"] == "GET" and (match := _CONSUME.fullmatch(path)):
+                scope[ROUTE_TEMPLATE] = CONSUME_ROUTE
                 if await self._consume(match[1], scope, receive, send):
                     return
             elif scope["method"] == "POST" and (match := _ACK.fullmatch(path)):
+                scope[ROUTE_TEMPLATE] = ACK_ROUTE
                 await self._ack(match[1], scope, receive, send)
                 return
             elif scope["method"] == "POST" and (match := _PUBLISH.fullmatch(path)):
+                scope[ROUTE_TEMPLATE] = PUBLISH_ROUTE
                 await self._publish(match[1], scope, receive, send)
                 return
         await self.app(scope, receive, send)

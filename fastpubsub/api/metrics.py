@@ -14,17 +14,15 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Iterator
-from typing import Any, cast
+from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import REGISTRY, Collector
-from prometheus_fastapi_instrumentator.middleware import PrometheusInstrumentatorMiddleware
-from starlette.applications import Starlette
-from starlette.middleware import Middleware
-from starlette.requests import Request
-from starlette.types import Receive, Scope, Send
+from prometheus_fastapi_instrumentator.routing import get_route_name
+from starlette.requests import HTTPConnection
+from starlette.types import Scope
 
 from fastpubsub.db import Database
 from fastpubsub.exceptions import DatabaseUnavailableError
@@ -117,47 +115,67 @@ class MetricsExporter:
         return body + generate_latest(backlog_registry)
 
 
-class InstrumentatorMiddleware(PrometheusInstrumentatorMiddleware):
-    """The HTTP metrics middleware, remembering which route template a path belongs to.
+# Scope key: the template of the route that answered, where the answering code
+# knows it (the fast path); otherwise HttpMetrics looks the path up.
+ROUTE_TEMPLATE = "fastpubsub.route"
 
-    Finding the template means trying every route of the application, which
-    costs more than the rest of a small request. The answer for a method and
-    path never changes, so it is kept (up to `MAX_REMEMBERED` paths, then
-    forgotten all at once so odd paths cannot grow the table without bound).
+
+class HttpMetrics:
+    """HTTP requests by route template, method and status, and their latency.
+
+    The series are the usual ones of a FastAPI service, `http_requests_total`
+    and `http_request_duration_seconds`, labelled handler (the route template,
+    "none" for a path no route has), method and status; the scrape endpoint
+    /metrics itself is left out. A method no route has (any token a client
+    makes up) is not counted, so it cannot add series.
+
+    Finding a path's template means trying the routes in turn, which costs
+    more than the rest of a small request: the answer for a method and path
+    never changes, so it is kept (up to MAX_REMEMBERED paths, then forgotten
+    all at once so that odd paths cannot grow the table without bound). The
+    labelled series are kept too: their number is bounded by the routes,
+    methods and status codes.
     """
 
     MAX_REMEMBERED = 4096
+    EXCLUDED = "/metrics"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._handlers: dict[tuple[str, str, str], tuple[str, bool]] = {}
+    def __init__(self, registry: CollectorRegistry) -> None:
+        labels = ("handler", "method", "status")
+        self.requests = Counter(
+            "http_requests_total",
+            "Total number of requests by method, status and handler.",
+            labels,
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "http_request_duration_seconds", "Duration of HTTP requests in seconds", labels, registry=registry
+        )
+        self._templates: dict[tuple[str, str, str], str] = {}
+        self._series: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # The method is a label: a method no route has (any token a client makes
-        # up) is answered 405 without being counted, so it cannot add series.
-        if scope["type"] == "http" and scope["method"] not in HTTP_METHODS:
-            await self.app(scope, receive, send)
+    def observe(self, scope: Scope, status: int, seconds: float) -> None:
+        """Count one answered request of `scope` and its duration."""
+        method: str = scope["method"]
+        if method not in HTTP_METHODS:
             return
-        await super().__call__(scope, receive, send)
+        handler: str = scope.get(ROUTE_TEMPLATE) or self._template(scope)
+        if handler == self.EXCLUDED:
+            return
+        key = (handler, method, status)
+        series = self._series.get(key)
+        if series is None:
+            names = (handler, method, str(status))
+            series = self._series[key] = (self.requests.labels(*names), self.latency.labels(*names))
+        series[0].inc()
+        series[1].observe(seconds)
 
-    def _get_handler(self, request: Request) -> tuple[str, bool]:
-        scope = request.scope
+    def _template(self, scope: Scope) -> str:
         key = (scope.get("root_path", ""), scope["method"], scope["path"])
-        handler = self._handlers.get(key)
-        if handler is None:
-            handler = super()._get_handler(request)
-            if len(self._handlers) >= self.MAX_REMEMBERED:
-                self._handlers.clear()
-            self._handlers[key] = handler
-        return handler
-
-
-def use_remembering_instrumentator(app: Starlette) -> None:
-    """Swap the instrumentator's middleware, already added to `app`, for `InstrumentatorMiddleware`."""
-    for index, middleware in enumerate(app.user_middleware):
-        if middleware.cls is cast(object, PrometheusInstrumentatorMiddleware):
-            app.user_middleware[index] = Middleware(
-                InstrumentatorMiddleware, *middleware.args, **middleware.kwargs
-            )
-            return
-    raise RuntimeError("the Prometheus instrumentator middleware is not installed")
+        template = self._templates.get(key)
+        if template is None:
+            template = get_route_name(HTTPConnection(scope), should_include_root_path=False) or "none"
+            if len(self._templates) >= self.MAX_REMEMBERED:
+                self._templates.clear()
+            self._templates[key] = template
+        return template

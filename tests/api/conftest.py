@@ -12,8 +12,7 @@ import httpx
 import pytest
 
 from fastpubsub import auth
-from fastpubsub.api.app import create_app
-from fastpubsub.api.fastpath import FastPath
+from fastpubsub.api.app import create_app, entry_layers
 from fastpubsub.db import Database
 from fastpubsub.settings import Settings
 
@@ -51,8 +50,7 @@ async def fast_and_routed(
     fast = await make_api(**overrides)
     routed = await make_api(**overrides)
     app = routed.app  # type: ignore[attr-defined]
-    app.user_middleware = [m for m in app.user_middleware if m.cls is not FastPath]
-    app.middleware_stack = app.build_middleware_stack()
+    app.entry = entry_layers(app, app.state.settings, fast_path=False)
     return fast, routed
 
 

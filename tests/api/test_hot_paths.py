@@ -246,3 +246,36 @@ async def test_authentication_and_scopes_match(make_api: ClientFactory, database
         for h in ({}, other, admin)
     ]
     assert statuses == [401, 403, 204]
+
+
+def _http_series(text: str) -> set[str]:
+    """The http_requests_total series of publish, consume and ack on a metrics page, without their values."""
+    hot = ("/topics/{topic_id}/", "/subscriptions/{subscription_id}/")
+    return {
+        line.rsplit(" ", 1)[0]
+        for line in text.splitlines()
+        if line.startswith("http_requests_total{") and any(f'handler="{h}' in line for h in hot)
+    }
+
+
+async def test_requests_are_counted_under_the_same_labels_as_the_routes(
+    pair: tuple[httpx.AsyncClient, httpx.AsyncClient],
+) -> None:
+    series = []
+    for api in pair:
+        assert (await api.post("/topics/t/messages", json=[{"n": 1}])).status_code == 204
+        assert (await api.post("/topics/nosuch/messages", json=[{"n": 1}])).status_code == 404
+        page = await api.get("/subscriptions/a/messages", params={"consumer_id": "w", "batch_size": 1})
+        ids = [m["id"] for m in page.json()["data"]]
+        assert ids
+        assert (await api.post("/subscriptions/a/acks", json=ids)).status_code == 204
+        series.append(_http_series((await api.get("/metrics")).text))
+    fast, routed = series
+    assert fast == routed
+    for handler, method, status in (
+        ("/topics/{topic_id}/messages", "POST", 204),
+        ("/topics/{topic_id}/messages", "POST", 404),
+        ("/subscriptions/{subscription_id}/messages", "GET", 200),
+        ("/subscriptions/{subscription_id}/acks", "POST", 204),
+    ):
+        assert f'http_requests_total{{handler="{handler}",method="{method}",status="{status}"}}' in fast

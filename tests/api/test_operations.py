@@ -390,3 +390,23 @@ async def test_a_statement_timeout_is_its_own_503(make_api: ClientFactory) -> No
         "FASTPUBSUB_DATABASE_STATEMENT_TIMEOUT_MS."
     }
     assert (await api.get("/subscriptions/s/metrics")).json()["available"] == 0  # nothing half-stored
+
+
+def _requests_series(handler: str, method: str, status: int) -> str:
+    return f'http_requests_total{{handler="{handler}",method="{method}",status="{status}"}} 1.0'
+
+
+async def test_http_metrics_count_refusals_and_unknown_paths_but_not_scrapes(api: httpx.AsyncClient) -> None:
+    too_big = await api.post(
+        "/subscriptions/s/acks", content=b"[]", headers={"content-length": "999999", "X-Request-ID": "r-413"}
+    )
+    assert too_big.status_code == 413
+    assert too_big.headers["x-request-id"] == "r-413"
+    assert (await api.get(f"/no-such-{uuid.uuid4().hex}")).status_code == 404
+    assert (await api.get("/subscriptions/nosuch/metrics")).status_code == 404
+    for _ in range(2):
+        text = (await api.get("/metrics")).text
+    assert _requests_series("/subscriptions/{subscription_id}/acks", "POST", 413) in text
+    assert _requests_series("none", "GET", 404) in text
+    assert _requests_series("/subscriptions/{subscription_id}/metrics", "GET", 404) in text
+    assert 'handler="/metrics"' not in text
