@@ -146,6 +146,7 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.http_metrics.warm_up(app)
         await hub.start()
         RUNNING_HUBS.add(hub)
         await backfills.resume()
