@@ -64,9 +64,10 @@ class GroupCommit(Generic[Request, Result]):
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         self._queue.append((request, future))
         self._start_batches()
-        # A caller that goes away (client disconnect) does not stop the batch:
-        # the others in it still need it written.
-        return await asyncio.shield(future)
+        # A caller that goes away (client disconnect) does not stop the batch, which
+        # runs in a task of its own and takes the request all the same: the others
+        # in it still need it written. Its future is then cancelled, and skipped.
+        return await future
 
     def _start_batches(self) -> None:
         while self._queue and self._in_flight < self.max_in_flight:

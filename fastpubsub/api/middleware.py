@@ -10,9 +10,9 @@ router (see api/app.py).
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
-import uuid
 
 import orjson
 from starlette.exceptions import HTTPException
@@ -74,7 +74,7 @@ class Front:
                 declared = value
         rid = incoming.decode("latin-1") if incoming else ""
         if not _VALID_REQUEST_ID.match(rid):
-            rid = uuid.uuid4().hex
+            rid = os.urandom(16).hex()  # as random as a UUID's 122 bits, without making one
         rid_header = (b"x-request-id", rid.encode())
         token = request_id.set(rid)
         status = 500

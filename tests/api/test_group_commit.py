@@ -141,3 +141,32 @@ async def test_a_publish_alone_takes_the_single_request_statement_with_a_batchs_
     answers = await asyncio.gather(*(api.post("/topics/u/messages", json=[{"n": n}]) for n in range(20)))
     assert {a.status_code for a in answers} == {204}
     assert "publish_batch" in ran
+
+
+async def test_a_publisher_that_goes_away_leaves_its_batch_written(api: httpx.AsyncClient) -> None:
+    """Its request is in the batch already: the others' answers and its own message are committed."""
+    delivery = api.app.state.delivery  # type: ignore[attr-defined]
+    publishes = delivery.publishes
+    write, held = publishes.write, asyncio.Event()
+
+    async def slow_write(requests: list) -> list:
+        await held.wait()
+        return await write(requests)
+
+    publishes.write = slow_write
+    try:
+        first = asyncio.create_task(delivery.publish("t", b'[{"n": 1}]'))  # a batch of its own, held
+        await asyncio.sleep(0.05)
+        leaving = asyncio.create_task(delivery.publish("t", b'[{"n": 2}]'))  # these two queue for the next
+        staying = asyncio.create_task(delivery.publish("t", b'[{"n": 3}]'))
+        await asyncio.sleep(0.05)
+        leaving.cancel()
+        held.set()
+        assert len(await first) == 1
+        assert len(await staying) == 1
+        with pytest.raises(asyncio.CancelledError):
+            await leaving
+    finally:
+        publishes.write = write
+    page = await api.get("/subscriptions/t-s/messages", params={"consumer_id": "c", "batch_size": 10})
+    assert sorted(m["payload"]["n"] for m in page.json()["data"]) == [1, 2, 3]
