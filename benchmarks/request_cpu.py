@@ -1,0 +1,110 @@
+"""CPU the server and PostgreSQL spend per request, for the one-message-per-request workloads.
+
+    python benchmarks/request_cpu.py [--workers 1] [--rounds 3] [--seconds 6] [--connections 32]
+
+Starts a throwaway embedded PostgreSQL and a `fastpubsub server` with
+`--workers` workers, then in each round loads it with wrk (a compiled
+generator) as `fastpubsub bench all` does: `GET /liveness` (the HTTP floor),
+a one-message publish to a topic with one subscription, and consume+ack one
+message per request (two requests each) from a backlog that outlasts the
+phase. For each it reads the CPU time of the server's processes and of
+PostgreSQL's from /proc before and after and divides by the requests served:
+what a request costs, which throughput alone hides on a machine the
+generator, the server and the database share. With one worker (the default)
+the server's figure is one process's. Prints a line per phase and round, the
+medians, and a JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+from typing import Any
+
+import psutil
+
+from fastpubsub.bench import suite, workloads, wrk
+
+PHASES = ("liveness", "publish", "consume+ack")
+
+
+def cpu_seconds(server_pid: int) -> dict[str, float]:
+    """CPU seconds used so far by the server (master and workers) and by PostgreSQL's processes."""
+    used = {"server": 0.0, "postgres": 0.0}
+    for process in psutil.process_iter(["name"]):
+        try:
+            if "postgres" in (process.info["name"] or ""):
+                group = "postgres"
+            elif process.pid == server_pid or process.ppid() == server_pid:
+                group = "server"
+            else:
+                continue
+            times = process.cpu_times()
+            used[group] += times.user + times.system
+        except psutil.Error:  # gone meanwhile
+            continue
+    return used
+
+
+async def phase(url: str, pid: int, path: str, script: str, options: argparse.Namespace) -> dict[str, Any]:
+    """One wrk run: requests/s, latency and CPU microseconds per request."""
+    before = cpu_seconds(pid)
+    result = await wrk.run(url, path, connections=options.connections, seconds=options.seconds, script=script)
+    after = cpu_seconds(pid)
+    if result.errors or result.non_2xx or not result.requests:
+        raise RuntimeError(f"{path}: {result.errors} errors, {result.non_2xx} answers not 2xx")
+    per_request = {k: (after[k] - before[k]) / result.requests * 1e6 for k in after}
+    return {
+        "requests_per_s": round(result.rate),
+        "p50_ms": round(result.p50_ms, 2),
+        "server_us": round(per_request["server"]),
+        "postgres_us": round(per_request["postgres"]),
+        "wrk_cpu_share": round(result.cpu_share, 2),
+    }
+
+
+async def main(options: argparse.Namespace) -> None:
+    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in PHASES}
+    with suite.database(None) as (database_url, _):
+        async with suite.server(database_url, options.workers) as (url, pid):
+            topic = workloads.unique("cpu")
+            await asyncio.to_thread(workloads.sql_setup, database_url, topic, [(f"{topic}-s", None)])
+            publish = wrk.publish_script(f"/topics/{topic}/messages", workloads.batch_body(1, 230))
+            for number in range(1, options.rounds + 1):
+                figures = {"liveness": await phase(url, pid, "/liveness", "", options)}
+                figures["publish"] = await phase(url, pid, "/", publish, options)
+                backlog = int(max(figures["publish"]["requests_per_s"], 2000) * options.seconds)
+                subscription = await suite.fill_subscription(database_url, backlog, 230, "cpu-con")
+                consume = wrk.consume_ack_script(subscription, "wrk")
+                figures["consume+ack"] = await phase(url, pid, "/", consume, options)
+                for name, figure in figures.items():
+                    rounds[name].append(figure)
+                    print(
+                        f"round {number}, {name}: {figure['requests_per_s']:,} requests/s, "
+                        f"server {figure['server_us']} us, PostgreSQL {figure['postgres_us']} us per request",
+                        flush=True,
+                    )
+    summary: dict[str, Any] = {"workers": options.workers, "rounds": rounds}
+    for name in PHASES:
+        for key in ("requests_per_s", "server_us", "postgres_us"):
+            summary[f"{name}_{key}"] = statistics.median(r[key] for r in rounds[name])
+    print(
+        "medians: "
+        + "; ".join(
+            f"{name} {summary[f'{name}_requests_per_s']:,} requests/s, "
+            f"server {summary[f'{name}_server_us']} us, PostgreSQL {summary[f'{name}_postgres_us']} us"
+            for name in PHASES
+        )
+    )
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=6)
+    parser.add_argument("--connections", type=int, default=32)
+    asyncio.run(main(parser.parse_args()))
