@@ -217,9 +217,9 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
     for router in routers:
         app.include_router(router)
     console_routes = console.install(app) if settings.console_enabled else []
-    app.state.allowed_methods = errors.AllowedMethods(
-        [*app.routes, *(route for router in routers for route in router.routes), *console_routes]
-    )
+    every_route = [*app.routes, *(route for router in routers for route in router.routes), *console_routes]
+    app.state.allowed_methods = errors.AllowedMethods(every_route)
+    app.state.http_metrics.name_routes(every_route)
 
     app.entry = entry_layers(app, settings)
     return app

@@ -132,9 +132,12 @@ class HttpMetrics:
     Finding a path's template means trying the routes in turn, which costs
     more than the rest of a small request: the answer for a method and path
     never changes, so it is kept (up to MAX_REMEMBERED paths, then forgotten
-    all at once so that odd paths cannot grow the table without bound). The
-    labelled series are kept too: their number is bounded by the routes,
-    methods and status codes.
+    all at once so that odd paths cannot grow the table without bound). A
+    name that is not one of the application's route templates or mounts
+    (`name_routes`; the lookup reports the path itself of a request the router
+    would redirect for its trailing slash) is "none", so the labelled series,
+    kept too, are bounded by the routes, methods and status codes whatever
+    paths clients make up.
     """
 
     MAX_REMEMBERED = 4096
@@ -153,13 +156,22 @@ class HttpMetrics:
         )
         self._templates: dict[tuple[str, str, str], str] = {}
         self._series: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        self._known: frozenset[str] = frozenset()
 
-    def observe(self, scope: Scope, status: int, seconds: float) -> None:
-        """Count one answered request of `scope` and its duration."""
+    def name_routes(self, routes: Iterable[Any]) -> None:
+        """The handler names there may be: the templates of `routes` (and the paths of mounts)."""
+        paths = (getattr(route, "path", None) for route in routes)
+        self._known = frozenset(path for path in paths if isinstance(path, str))
+
+    def observe(self, scope: Scope, status: int, seconds: float, root_path: str = "") -> None:
+        """Count one answered request of `scope` and its duration.
+
+        `root_path`: the scope's as the request came (routing into a mount changes the scope's).
+        """
         method: str = scope["method"]
         if method not in HTTP_METHODS:
             return
-        handler: str = scope.get(ROUTE_TEMPLATE) or self._template(scope)
+        handler: str = scope.get(ROUTE_TEMPLATE) or self._template(scope, root_path)
         if handler == self.EXCLUDED:
             return
         key = (handler, method, status)
@@ -173,13 +185,15 @@ class HttpMetrics:
     def warm_up(self, app: Any) -> None:
         """Look one path up now, at start-up: the framework builds its route tables on first
         use (about 100 ms of CPU here), which would otherwise fall on the first request."""
-        self._template({"type": "http", "method": "GET", "path": "/liveness", "headers": [], "app": app})
+        self._template({"type": "http", "method": "GET", "path": "/liveness", "headers": [], "app": app}, "")
 
-    def _template(self, scope: Scope) -> str:
-        key = (scope.get("root_path", ""), scope["method"], scope["path"])
+    def _template(self, scope: Scope, root_path: str) -> str:
+        key = (root_path, scope["method"], scope["path"])
         template = self._templates.get(key)
         if template is None:
-            template = get_route_name(HTTPConnection(scope), should_include_root_path=False) or "none"
+            request = HTTPConnection({**scope, "root_path": root_path})
+            name = get_route_name(request, should_include_root_path=False)
+            template = name if name is not None and name in self._known else "none"
             if len(self._templates) >= self.MAX_REMEMBERED:
                 self._templates.clear()
             self._templates[key] = template

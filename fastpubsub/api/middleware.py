@@ -66,6 +66,7 @@ class Front:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
+        root_path: str = scope.get("root_path", "")
         incoming = declared = None
         for name, value in scope["headers"]:
             if name == b"x-request-id":
@@ -102,7 +103,7 @@ class Front:
             await send_json_error(answer, 500, f"internal error; see the server log for request {rid}")
         finally:
             elapsed = time.perf_counter() - started
-            self.metrics.observe(scope, status, elapsed)
+            self.metrics.observe(scope, status, elapsed, root_path)
             level = logging.ERROR if status >= 500 and status != 503 else logging.DEBUG
             if log.isEnabledFor(level):
                 log.log(

@@ -162,10 +162,10 @@ async def test_a_publisher_that_goes_away_leaves_its_batch_written(api: httpx.As
         await asyncio.sleep(0.05)
         leaving.cancel()
         held.set()
-        assert len(await first) == 1
-        assert len(await staying) == 1
+        assert len(await asyncio.wait_for(first, 5)) == 1
+        assert len(await asyncio.wait_for(staying, 5)) == 1
         with pytest.raises(asyncio.CancelledError):
-            await leaving
+            await asyncio.wait_for(leaving, 5)
     finally:
         publishes.write = write
     page = await api.get("/subscriptions/t-s/messages", params={"consumer_id": "c", "batch_size": 10})

@@ -432,3 +432,13 @@ async def test_the_route_tables_are_built_at_start_up_not_by_the_first_request(
     assert (await api.get("/topics")).status_code == 200
     assert (await api.get("/subscriptions/nosuch")).status_code == 404
     assert built == []
+
+
+async def test_http_metrics_name_mounts_and_keep_made_up_paths_out(api: httpx.AsyncClient) -> None:
+    assert (await api.get("/docs-assets/swagger-ui.css")).status_code == 200  # a mounted folder
+    made_up = [f"/topics/{uuid.uuid4().hex}/" for _ in range(3)]  # the router would redirect these (slash)
+    for path in made_up:
+        assert (await api.get(path)).status_code in (307, 404)
+    text = (await api.get("/metrics")).text
+    assert _requests_series("/docs-assets", "GET", 200) in text
+    assert not any(path in text for path in made_up)
