@@ -87,6 +87,8 @@ $$;
 -- and do not fill the batch, so each is looked at once and none beyond the
 -- batch is read. Every other subscription takes the first form, which reads
 -- no message (the same statement as without these options).
+-- Rows found are changed by their address (ctid), never by reading the table
+-- (enable_seqscan off; docs/schema.md, "Plans that last").
 CREATE OR REPLACE FUNCTION fastpubsub._lease(p_subscription_id text, p_consumers text[], p_sizes integer[])
 RETURNS TABLE(slot integer, id uuid, payload jsonb, attributes jsonb, priority smallint, attempts integer,
               created_at timestamptz, receipt text)
@@ -94,6 +96,7 @@ LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 SET enable_sort = off
 SET enable_bitmapscan = off
+SET enable_seqscan = off
 SET enable_mergejoin = off
 SET enable_hashjoin = off
 SET jit = off

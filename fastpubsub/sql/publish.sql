@@ -280,12 +280,14 @@ $$;
 -- Drop up to p_count waiting messages of a subscription to make room: the
 -- lowest priority first and queue order within one, then delayed ones, soonest
 -- due first; never one leased now. Their messages go once nothing else refers
--- to them. Returns how many were dropped.
+-- to them. Returns how many were dropped. Rows go by their address, never by
+-- reading the table (as in _lease).
 CREATE OR REPLACE FUNCTION fastpubsub._drop_oldest(s fastpubsub.subscriptions, p_count bigint)
 RETURNS bigint
 LANGUAGE plpgsql
 SET enable_sort = off
 SET enable_bitmapscan = off
+SET enable_seqscan = off
 SET jit = off
 AS $$
 DECLARE

@@ -41,6 +41,7 @@ LANDED = {
     "0010_seed_parity": "6276a0efea1878c52b69e9ecc94032ece396f6aae239ecbe7ff3d2c81643d01c",
     "0011_push": "66e889b3aaac9643aa54fc18c513d259044f002f75966b5c0c72099e685729d5",
     "0012_jit_off": "8f9ac78189cc3b2f1f151bc58c31b4dd607750f3230f3539f660044d9a9ee799",
+    "0013_publish_handoff": "4f31bac01f6318afee4fb8af226f4e93ba382ec1c4539ca7435166f2062243e2",
 }
 
 CATALOG_QUERIES = {
