@@ -170,8 +170,11 @@ SELECT fastpubsub.publish(:topic_id, CAST(:payloads AS jsonb)) AS ids
 SELECT fastpubsub.publish_envelopes(:topic_id, CAST(:messages AS jsonb)) AS ids
 
 -- consume --
+-- _lease itself, not the consume wrapper: PostgreSQL does not inline a
+-- volatile SQL function, so the wrapper would be parsed and planned again on
+-- every call (docs/schema.md, "Plans that last").
 SELECT id, payload, attempts, created_at, attributes, priority, receipt
-FROM fastpubsub.consume(:subscription_id, :consumer_id, :batch_size)
+FROM fastpubsub._lease(:subscription_id, ARRAY[CAST(:consumer_id AS text)], ARRAY[CAST(:batch_size AS integer)])
 
 -- consume_events --
 -- One row per leased message: its id and its JSON (as consume_json renders it),
@@ -181,8 +184,8 @@ WITH c AS MATERIALIZED (
     SELECT c.id, c.ord, fastpubsub._message_json(
                c.id, :subscription_id, c.payload, c.attempts, c.created_at, c.attributes, c.priority, c.receipt
            )::text AS data
-    FROM fastpubsub.consume(:subscription_id, :consumer_id, :batch_size) WITH ORDINALITY
-        AS c(id, payload, attributes, priority, attempts, created_at, receipt, ord)
+    FROM fastpubsub._lease(:subscription_id, ARRAY[CAST(:consumer_id AS text)], ARRAY[CAST(:batch_size AS integer)])
+        WITH ORDINALITY AS c(slot, id, payload, attributes, priority, attempts, created_at, receipt, ord)
 )
 SELECT c.id, c.data, NULL::double precision AS due, c.ord FROM c
 UNION ALL
