@@ -183,20 +183,23 @@ class Delivery:
             results = await self.database.publish_batch(requests)
         else:
             handoffs = [(s, str(w.consumer), min(w.demand, MAX_BATCH_SIZE)) for s, w in reserved]
-            handed: list[list[tuple[UUID, str]]] = []
+            handed: list[tuple[list[tuple[UUID, str]], float | None]] = []
             try:
                 results, handed = await self.database.publish_handoff(requests, handoffs)
             finally:
                 # Every reserved waiter hears, whatever happened (nothing: it looks for itself).
                 for index, (_, waiter) in enumerate(reserved):
-                    self.hub.hand_over(waiter, handed[index] if index < len(handed) else [])
+                    self.hub.hand_over(waiter, handed[index][0] if index < len(handed) else [])
             # The lease takes the oldest deliverable messages first: only those of
             # this publish need no wake-up (older ones had theirs).
             new = {message_id for ids, _, _ in results for message_id in ids}
-            for (subscription_id, _), events in zip(reserved, handed, strict=False):
+            for (subscription_id, _), (events, due) in zip(reserved, handed, strict=False):
                 mine = sum(1 for message_id, _ in events if message_id in new)
                 if mine:
                     taken[subscription_id] = mine
+                # It took all there was and waits for news: what falls due next (a
+                # delayed message of this publish, say) wakes it, as after a look.
+                self.hub.note_due(subscription_id, due)
         for (topic_id, _, _), (_, woken, counts) in zip(requests, results, strict=False):
             if woken:
                 self._learn_routes(topic_id, woken)
@@ -494,13 +497,17 @@ class Delivery:
                                 subscription_id, consumer_id, min(room, MAX_BATCH_SIZE)
                             )
                             if events:
-                                if len(events) >= min(room, MAX_BATCH_SIZE):
+                                full = len(events) >= min(room, MAX_BATCH_SIZE)
+                                if full:
                                     hub.pass_on(subscription_id, waiter)
                                 self._took(subscription_id, events, held, loop.time() + lease_seconds)
                                 yield events
                                 written = loop.time()
                                 quiet_until = quiet_end(written, idle_seconds)
-                                continue
+                                if full:
+                                    continue  # there may be more
+                            # It leased all there was (nothing, or less than it had room
+                            # for): it waits for news, as a look that found nothing.
                             hub.found_nothing(subscription_id, mark)
                             hub.note_due(subscription_id, due)
                         elif held:

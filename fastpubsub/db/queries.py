@@ -87,7 +87,11 @@ def _publish_params(requests: Sequence[tuple[str, str, bool]]) -> dict[str, Any]
     }
 
 
-def _published(row: Any) -> tuple[list[UUID], list[str], list[int]]:
+# One publish request's result: its message ids, and the subscriptions fed with their counts.
+Published = tuple[list[UUID], list[str], list[int]]
+
+
+def _published(row: Any) -> Published:
     """One publish request's result row: its message ids, and the subscriptions fed with their counts."""
     return list(row.ids), list(row.woken), list(row.woken_counts)
 
@@ -310,13 +314,14 @@ class Database:
 
     async def publish_handoff(
         self, requests: Sequence[tuple[str, str, bool]], handoffs: Sequence[tuple[str, str, int]]
-    ) -> tuple[list[tuple[list[UUID], list[str], list[int]]], list[list[tuple[UUID, str]]]]:
+    ) -> tuple[list[Published], list[tuple[list[tuple[UUID, str]], float | None]]]:
         """publish_batch, also leasing to waiting consumers in the same transaction.
 
         `handoffs`: (subscription, consumer, batch size) each; only those whose
         subscription the publish fed messages deliverable now lease any. Returns
         publish_batch's results, and for each handoff the messages it leased:
-        (id, its JSON as consume renders it) each, as consume_events gives them.
+        (id, its JSON as consume renders it) each, as consume_events gives them,
+        with next_due when it leased fewer than its batch size (as consume_events).
         """
         rows = await self._rows(
             "publish_handoff",
@@ -326,7 +331,10 @@ class Database:
             sizes=[handoff[2] for handoff in handoffs],
         )
         count = len(requests)
-        handed = [list(zip(row.ids, row.events, strict=True)) for row in rows[count:]]
+        handed = [
+            (list(zip(row.ids, row.events, strict=True)), None if row.due is None else float(row.due))
+            for row in rows[count:]
+        ]
         return [_published(row) for row in rows[:count]], handed
 
     async def settle_batch(self, requests: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -373,7 +381,7 @@ class Database:
     ) -> tuple[list[tuple[UUID, str]], float | None]:
         """Lease messages, each with its JSON (what a stream sends as one event), and next_due.
 
-        next_due (as in consume_batch) only when nothing was leased.
+        next_due (as in consume_batch) only when fewer than batch_size were leased.
         """
         rows = await self._rows(
             "consume_events", subscription_id=subscription_id, consumer_id=consumer_id, batch_size=batch_size

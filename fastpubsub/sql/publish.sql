@@ -447,11 +447,13 @@ $$;
 -- a consumer answers with these at once, without a transaction of its own,
 -- and they are committed with the publish or not at all. Rows: each publish request's (ids, woken, woken_counts), in order;
 -- then for each k, in order, the ids it leased and each message's JSON as
--- consume renders it (events).
+-- consume renders it (events), and, when it leased fewer than p_sizes[k] (all
+-- there was), next_due of the subscription (due), as a look that took all
+-- there was reports it.
 CREATE OR REPLACE FUNCTION fastpubsub._publish_handoff(
     p_topics text[], p_messages text[], p_envelopes boolean[],
     p_subscriptions text[], p_consumers text[], p_sizes integer[])
-RETURNS TABLE(ids uuid[], woken text[], woken_counts integer[], events text[])
+RETURNS TABLE(ids uuid[], woken text[], woken_counts integer[], events text[], due double precision)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 SET jit = off
@@ -478,6 +480,7 @@ BEGIN
     FOR k IN 1 .. coalesce(cardinality(p_subscriptions), 0) LOOP
         ids := '{}';
         events := '{}';
+        due := NULL;
         IF p_subscriptions[k] = ANY (v_fed) THEN
             BEGIN
                 SELECT coalesce(array_agg(l.id ORDER BY l.ord), '{}'),
@@ -487,12 +490,18 @@ BEGIN
                 INTO ids, events
                 FROM fastpubsub._lease(p_subscriptions[k], ARRAY[p_consumers[k]], ARRAY[p_sizes[k]])
                     WITH ORDINALITY AS l(slot, id, payload, attributes, priority, attempts, created_at, receipt, ord);
+                IF cardinality(ids) < p_sizes[k] THEN
+                    -- It took all there was: what falls due next (a delayed
+                    -- message of this publish, say) is for its timer, as after a look.
+                    due := fastpubsub.next_due(p_subscriptions[k]);
+                END IF;
             EXCEPTION WHEN OTHERS THEN
                 -- The publish stands: this consumer looks for itself (a lease that
                 -- met a lock cycle, say, leaves nothing behind).
                 RAISE WARNING 'fastpubsub: hand-off to % leased nothing: %', p_subscriptions[k], SQLERRM;
                 ids := '{}';
                 events := '{}';
+                due := NULL;
             END;
         END IF;
         RETURN NEXT;

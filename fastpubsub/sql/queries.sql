@@ -144,9 +144,9 @@ FROM fastpubsub._publish(:topic, CAST(:body AS jsonb), :envelopes, 0)
 -- publish_handoff --
 -- publish_batch (or publish_one, for one request) that also leases the new
 -- messages to consumers waiting in this process, in the same transaction
--- (see _publish_handoff): the requests' rows, then one (ids, events) row per
--- waiting consumer.
-SELECT ids, woken, woken_counts, events
+-- (see _publish_handoff): the requests' rows, then one (ids, events, due) row
+-- per waiting consumer.
+SELECT ids, woken, woken_counts, events, due
 FROM fastpubsub._publish_handoff(
     CAST(:topics AS text[]), CAST(:bodies AS text[]), CAST(:envelopes AS boolean[]),
     CAST(:subscriptions AS text[]), CAST(:consumers AS text[]), CAST(:sizes AS integer[]))
@@ -178,8 +178,9 @@ FROM fastpubsub._lease(:subscription_id, ARRAY[CAST(:consumer_id AS text)], ARRA
 
 -- consume_events --
 -- One row per leased message: its id and its JSON (as consume_json renders it),
--- for streams, which send one event per message; when nothing was leased, one
--- row with no message and next_due instead (one round trip per look).
+-- for streams, which send one event per message; when fewer than batch_size
+-- were leased (all there was), also one row with no message and next_due, first
+-- (one round trip per look).
 WITH c AS MATERIALIZED (
     SELECT c.id, c.ord, fastpubsub._message_json(
                c.id, :subscription_id, c.payload, c.attempts, c.created_at, c.attributes, c.priority, c.receipt
@@ -189,7 +190,8 @@ WITH c AS MATERIALIZED (
 )
 SELECT c.id, c.data, NULL::double precision AS due, c.ord FROM c
 UNION ALL
-SELECT NULL, NULL, fastpubsub.next_due(:subscription_id), 0 WHERE NOT EXISTS (SELECT 1 FROM c)
+SELECT NULL, NULL, fastpubsub.next_due(:subscription_id), 0
+WHERE (SELECT count(*) FROM c) < CAST(:batch_size AS integer)
 ORDER BY 4
 
 -- consume_batch --

@@ -14,6 +14,7 @@ import pytest
 
 from fastpubsub.api import delivery, wakeups
 from tests.api.asgi import Exchange, LoopLag, count_queries, until_quiet
+from tests.api.conftest import ClientFactory
 
 BIG = 2**64 + 7
 
@@ -254,6 +255,58 @@ async def test_keep_alives_on_a_busy_subscription_do_not_look(
     finally:
         for sse in streams:
             await sse.close()
+
+
+async def test_a_stream_that_took_all_there_was_waits_for_news_instead_of_looking_again(
+    make_api: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A look that leased fewer messages than the stream had room for found the queue empty.
+
+    The stream then waits for news, as after an empty look: one look per
+    publish, not a second one that finds nothing. (Publishes here are not handed
+    over, so that every message comes through a look.)
+    """
+    api = await make_api(publish_handoff=False)
+    await setup(api, ack_deadline_seconds=60)
+    sse = stream(api, max_in_flight=10)
+    try:
+        await until_quiet(api, monkeypatch, 0.7)
+        ran = count_queries(api, monkeypatch)
+        received = []
+        for n in range(5):
+            await api.post("/topics/t/messages", json=[{"n": n}])
+            received.append(json.loads((await sse.next_event(within=5))[0])["payload"])
+            await asyncio.sleep(0.1)  # time for a look after it, if there were one
+        assert received == [{"n": n} for n in range(5)]
+        assert ran.count("consume_events") == 5, ran
+    finally:
+        await sse.close()
+
+
+@pytest.mark.parametrize("handoff", [True, False], ids=["handed over", "looked for"])
+async def test_a_delayed_message_reaches_the_stream_that_took_the_rest_of_its_publish(
+    make_api: ClientFactory, monkeypatch: pytest.MonkeyPatch, handoff: bool
+) -> None:
+    """The stream took the message due now and waits for news: the delayed one's time still wakes it."""
+    api = await make_api(publish_handoff=handoff)
+    await setup(api, ack_deadline_seconds=60)
+    await api.post("/topics/t/messages", json=[{"n": 0}])  # where t's messages go is known from here on
+    sse = stream(api, max_in_flight=10)
+    try:
+        assert json.loads((await sse.next_event(within=5))[0])["payload"] == {"n": 0}
+        # Parked, waiting for news, its looks after opening done (their answers
+        # would set the due time instead).
+        await until_quiet(api, monkeypatch, 0.7)
+        messages = [{"payload": {"n": 1}}, {"payload": {"n": 2}, "delay_seconds": 1}]
+        assert (await api.post("/topics/t/publish", json={"messages": messages})).status_code == 201
+        loop = asyncio.get_running_loop()
+        published = loop.time()
+        assert json.loads((await sse.next_event(within=5))[0])["payload"] == {"n": 1}
+        delayed = json.loads((await sse.next_event(within=5))[0])
+        assert delayed["payload"] == {"n": 2}
+        assert 0.9 <= loop.time() - published < 3
+    finally:
+        await sse.close()
 
 
 @contextlib.asynccontextmanager

@@ -163,8 +163,8 @@ def test_an_unknown_subscription_fails_the_batch(topics: psycopg.Connection) -> 
 
 def publish_handoff(
     conn: psycopg.Connection, requests: list[tuple[str, object, bool]], handoffs: list[tuple[str, str, int]]
-) -> tuple[list[tuple], list[list[dict]]]:
-    """_publish_handoff: the requests' rows, and each handoff's messages (their JSON, parsed)."""
+) -> tuple[list[tuple], list[list[dict]], list[float | None]]:
+    """_publish_handoff: the requests' rows, each handoff's messages (their JSON, parsed) and due."""
     rows = conn.execute(
         "SELECT * FROM fastpubsub._publish_handoff(%s::text[], %s::text[], %s::boolean[],"
         " %s::text[], %s::text[], %s::integer[])",
@@ -178,14 +178,15 @@ def publish_handoff(
         ),
     ).fetchall()
     assert len(rows) == len(requests) + len(handoffs)
-    assert all(row[3] is None for row in rows[: len(requests)])
-    handed = []
-    for ids, woken, counts, events in rows[len(requests) :]:
+    assert all(row[3] is None and row[4] is None for row in rows[: len(requests)])
+    handed, dues = [], []
+    for ids, woken, counts, events, due in rows[len(requests) :]:
         assert (woken, counts) == (None, None)
         messages = [json.loads(event) for event in events]
         assert [UUID(message["id"]) for message in messages] == ids  # each id with its message
         handed.append(messages)
-    return [row[:3] for row in rows[: len(requests)]], handed
+        dues.append(due)
+    return [row[:3] for row in rows[: len(requests)]], handed, dues
 
 
 @pytest.mark.parametrize("requests", [1, 2], ids=["one request", "a batch"])
@@ -194,7 +195,7 @@ def test_a_publish_leases_its_messages_to_waiting_consumers_in_its_transaction(
 ) -> None:
     """Each handoff gets the oldest deliverable messages of its subscription, leased to its consumer."""
     batch = [("a", [{"n": 1, "country": "BR"}, {"n": 2}], False), ("b", [{"n": 3}], False)][:requests]
-    published, handed = publish_handoff(topics, batch, [("a-all", "w1", 1), ("a-br", "w2", 10)])
+    published, handed, dues = publish_handoff(topics, batch, [("a-all", "w1", 1), ("a-br", "w2", 10)])
     assert published[0][1:] == (["a-all", "a-br"], [2, 1])
     (one,), (br,) = handed
     assert (one["id"], one["payload"], one["delivery_attempts"]) == (
@@ -203,6 +204,11 @@ def test_a_publish_leases_its_messages_to_waiting_consumers_in_its_transaction(
         1,
     )
     assert br["payload"] == {"n": 1, "country": "BR"}
+    # a-all's consumer filled its batch (it will look for more); a-br's took all there was,
+    # and what falls due next there is the lease it was just given (the ack deadline).
+    assert dues[0] is None
+    assert dues[1] is not None
+    assert 25 <= dues[1] <= 30
     leased = {str(d["message_id"]): d["consumer_id"] for d in deliveries(topics, "a-all") if d["lease_until"]}
     assert leased == {one["id"]: "w1"}
     assert [row[1]["n"] for row in consume(topics, "a-all", n=10)] == [2]  # the rest is anyone's
@@ -212,15 +218,27 @@ def test_a_publish_leases_its_messages_to_waiting_consumers_in_its_transaction(
 def test_a_publish_leases_nothing_where_it_made_nothing_deliverable(topics: psycopg.Connection) -> None:
     """Not fed (the filter did not match), or fed delayed messages only: those waiters get nothing."""
     publish_batch(topics, [("a", [{"n": 0, "country": "BR"}], False)])  # deliverable on a-br, but older news
-    published, handed = publish_handoff(
+    published, handed, dues = publish_handoff(
         topics,
         [("a", [{"n": 1}], False), ("b", [{"payload": {"n": 2}, "delay_seconds": 60}], True)],
         [("a-br", "w1", 10), ("b-all", "w2", 10), ("nobody", "w3", 10)],
     )
     assert [row[1:] for row in published] == [(["a-all"], [1]), (["b-all"], [0])]
     assert handed == [[], [], []]
+    assert dues == [None, None, None]  # nothing leased where it was fed: nothing to report
     for subscription in ("a-all", "a-br", "b-all"):
         assert all(d["lease_until"] is None for d in deliveries(topics, subscription))
+
+
+def test_a_handoff_that_took_all_there_was_says_when_the_delayed_rest_falls_due(
+    topics: psycopg.Connection,
+) -> None:
+    """As a look that took all there was: the consumer waits for news, and for this time."""
+    messages = [{"payload": {"n": 1}}, {"payload": {"n": 2}, "delay_seconds": 7}]
+    _, handed, dues = publish_handoff(topics, [("b", messages, True)], [("b-all", "w1", 10)])
+    assert [message["payload"] for message in handed[0]] == [{"n": 1}]
+    assert dues[0] is not None
+    assert 6 <= dues[0] <= 7
 
 
 def test_a_failed_publish_leases_nothing(topics: psycopg.Connection) -> None:
@@ -229,7 +247,7 @@ def test_a_failed_publish_leases_nothing(topics: psycopg.Connection) -> None:
         publish_handoff(topics, [("a", [{"n": 1}], False), ("a", [1], False)], [("a-all", "w1", 10)])
     assert info.value.sqlstate == "FP422"
     assert all(d["lease_until"] is None for d in deliveries(topics, "a-all"))
-    _, handed = publish_handoff(topics, [("a", [{"n": 2}], False)], [("a-all", "w1", 10)])
+    _, handed, _ = publish_handoff(topics, [("a", [{"n": 2}], False)], [("a-all", "w1", 10)])
     assert [(message["payload"]["n"], message["delivery_attempts"]) for message in handed[0]] == [
         (0, 1),
         (2, 1),

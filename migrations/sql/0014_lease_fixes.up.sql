@@ -1,0 +1,15 @@
+-- _lease and _drop_oldest say SET enable_seqscan = off. Both change rows they
+-- found by address (ctid = ANY of an array). A generic plan costs such a
+-- lookup with a guessed array length, so a plan made while the deliveries
+-- table was small read the whole table instead, on every call, for the life of
+-- the connection, however large the table grew meanwhile (docs/schema.md,
+-- "Plans that last").
+--
+-- _publish_handoff also reports, for a hand-off that took all there was, when
+-- the subscription's next message falls due (a delayed message of the same
+-- publish, say), as a look does: a stream handed its messages then waits for
+-- news without a look of its own, and would not otherwise hear of that time.
+-- Its result gains a column, so it is dropped here (it exists when the
+-- database was at 0013_publish_handoff); the functions are installed from the
+-- source at the head.
+DROP FUNCTION IF EXISTS fastpubsub._publish_handoff(text[], text[], boolean[], text[], text[], integer[]);
