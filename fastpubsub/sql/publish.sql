@@ -104,6 +104,7 @@ DECLARE
     v_store boolean[];
     v_limited boolean;
     v_expiring boolean;
+    v_xid xid8;
 BEGIN
     SELECT key, backlog_limited INTO v_topic_key, v_limited FROM fastpubsub.topics WHERE id = p_topic_id;
     IF NOT FOUND THEN
@@ -127,8 +128,11 @@ BEGIN
         RAISE EXCEPTION '%', v_problem USING ERRCODE = 'FP422';
     END IF;
 
-    PERFORM fastpubsub._lock_topic(v_topic_key, false);
-    PERFORM pg_current_xact_id();  -- before drawing queue numbers (see _advance_watermark)
+    -- _lock_topic(v_topic_key, false), and the transaction's id before drawing
+    -- queue numbers (see _advance_watermark), written out: each statement of a
+    -- function costs tens of microseconds, and this runs for every publish.
+    PERFORM pg_advisory_xact_lock_shared(1718645602, v_topic_key);
+    v_xid := pg_current_xact_id();
 
     SELECT array_agg(fastpubsub._message_id(v_now, p_offset + e.ord - 1) ORDER BY e.ord),
            array_agg(CASE WHEN p_envelopes THEN e.value ->> 'idempotency_key' END ORDER BY e.ord),
@@ -138,7 +142,7 @@ BEGIN
     ids := v_ids;
     v_store := array_fill(true, ARRAY[cardinality(v_ids)]);
 
-    IF EXISTS (SELECT 1 FROM unnest(v_keys) AS k WHERE k IS NOT NULL) THEN
+    IF cardinality(array_remove(v_keys, NULL)) > 0 THEN
         -- Claim the keys: the first message with a key this topic has not seen is stored.
         -- (A concurrent publish with the same key makes this wait for it, then skip.)
         WITH claimed AS (
@@ -218,7 +222,9 @@ BEGIN
         UPDATE fastpubsub.subscriptions SET expiring_messages = true
         WHERE topic_key = v_topic_key AND id = ANY (woken) AND NOT expiring_messages;
     END IF;
-    PERFORM fastpubsub._notify(woken, woken_counts);
+    IF current_setting('fastpubsub.notify', true) IS DISTINCT FROM 'off' THEN  -- the server's sessions: off
+        PERFORM fastpubsub._notify(woken, woken_counts);
+    END IF;
 END
 $$;
 

@@ -1,7 +1,7 @@
 -- Back to revision 0013_publish_handoff: the two functions this revision's
--- upgrade gave SET enable_seqscan = off lose it, and _publish_handoff is
--- restored as revision 0013_publish_handoff had it (without the due column),
--- which leaves each exactly as that revision had it.
+-- upgrade gave SET enable_seqscan = off lose it, and _publish_handoff (without
+-- the due column) and _publish are restored as revision 0013_publish_handoff
+-- had them, which leaves each exactly as that revision had it.
 
 ALTER FUNCTION fastpubsub._drop_oldest(fastpubsub.subscriptions,bigint) RESET enable_seqscan;
 ALTER FUNCTION fastpubsub._lease(text,text[],integer[]) RESET enable_seqscan;
@@ -57,6 +57,141 @@ BEGIN
         END IF;
         RETURN NEXT;
     END LOOP;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION fastpubsub._publish(
+    p_topic_id text, p_messages jsonb, p_envelopes boolean, p_offset bigint,
+    OUT ids uuid[], OUT woken text[], OUT woken_counts integer[])
+RETURNS record
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+DECLARE
+    v_topic_key integer;
+    v_now timestamptz := now();
+    v_problem text;
+    v_ids uuid[];
+    v_keys text[];
+    v_store boolean[];
+    v_limited boolean;
+    v_expiring boolean;
+BEGIN
+    SELECT key, backlog_limited INTO v_topic_key, v_limited FROM fastpubsub.topics WHERE id = p_topic_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'topic "%" not found', p_topic_id USING ERRCODE = 'FP404';
+    END IF;
+    IF p_messages IS NULL OR jsonb_typeof(p_messages) <> 'array' OR jsonb_array_length(p_messages) = 0 THEN
+        RAISE EXCEPTION 'messages must be a non-empty JSON array' USING ERRCODE = 'FP422';
+    END IF;
+    IF p_envelopes THEN
+        SELECT fastpubsub._envelope_problem(e.value, e.ord - 1) INTO v_problem
+        FROM jsonb_array_elements(p_messages) WITH ORDINALITY AS e(value, ord)
+        WHERE fastpubsub._envelope_problem(e.value, e.ord - 1) IS NOT NULL
+        ORDER BY e.ord LIMIT 1;
+    ELSE
+        SELECT format('message at index %s is not a JSON object; nothing was published', e.ord - 1) INTO v_problem
+        FROM jsonb_array_elements(p_messages) WITH ORDINALITY AS e(value, ord)
+        WHERE jsonb_typeof(e.value) <> 'object'
+        ORDER BY e.ord LIMIT 1;
+    END IF;
+    IF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION '%', v_problem USING ERRCODE = 'FP422';
+    END IF;
+
+    PERFORM fastpubsub._lock_topic(v_topic_key, false);
+    PERFORM pg_current_xact_id();  -- before drawing queue numbers (see _advance_watermark)
+
+    SELECT array_agg(fastpubsub._message_id(v_now, p_offset + e.ord - 1) ORDER BY e.ord),
+           array_agg(CASE WHEN p_envelopes THEN e.value ->> 'idempotency_key' END ORDER BY e.ord),
+           bool_or(p_envelopes AND (e.value ? 'ttl_seconds' OR e.value ? 'expires_at'))
+    INTO v_ids, v_keys, v_expiring
+    FROM jsonb_array_elements(p_messages) WITH ORDINALITY AS e(value, ord);
+    ids := v_ids;
+    v_store := array_fill(true, ARRAY[cardinality(v_ids)]);
+
+    IF EXISTS (SELECT 1 FROM unnest(v_keys) AS k WHERE k IS NOT NULL) THEN
+        -- Claim the keys: the first message with a key this topic has not seen is stored.
+        -- (A concurrent publish with the same key makes this wait for it, then skip.)
+        WITH claimed AS (
+            INSERT INTO fastpubsub.idempotency_keys (topic_key, key, message_id, created_at)
+            SELECT DISTINCT ON (x.key) v_topic_key, x.key, x.id, v_now
+            FROM unnest(v_keys, v_ids) WITH ORDINALITY AS x(key, id, ord)
+            WHERE x.key IS NOT NULL
+            ORDER BY x.key, x.ord
+            ON CONFLICT DO NOTHING
+            RETURNING message_id
+        )
+        SELECT array_agg(x.id = ANY (ARRAY(SELECT message_id FROM claimed)) OR x.key IS NULL ORDER BY x.ord)
+        INTO v_store
+        FROM unnest(v_keys, v_ids) WITH ORDINALITY AS x(key, id, ord);
+        -- Every keyed message takes the id its key stands for (a new statement,
+        -- so keys committed by a concurrent publish are visible).
+        SELECT array_agg(coalesce(k.message_id, x.id) ORDER BY x.ord)
+        INTO ids
+        FROM unnest(v_keys, v_ids) WITH ORDINALITY AS x(key, id, ord)
+        LEFT JOIN fastpubsub.idempotency_keys AS k ON k.topic_key = v_topic_key AND k.key = x.key;
+    END IF;
+
+    IF v_limited THEN
+        PERFORM fastpubsub._make_room(v_topic_key, p_messages, p_envelopes, v_store);
+    END IF;
+
+    WITH input AS MATERIALIZED (
+        SELECT x.id,
+               x.ord,
+               CASE WHEN p_envelopes THEN e.value -> 'payload' ELSE e.value END AS payload,
+               CASE WHEN p_envelopes THEN nullif(nullif(e.value -> 'attributes', 'null'::jsonb), '{}'::jsonb) END
+                   AS attributes,
+               CASE WHEN NOT p_envelopes THEN v_now
+                    WHEN jsonb_typeof(e.value -> 'deliver_at') = 'string' THEN (e.value ->> 'deliver_at')::timestamptz
+                    WHEN jsonb_typeof(e.value -> 'delay_seconds') = 'number'
+                        THEN v_now + make_interval(secs => (e.value ->> 'delay_seconds')::double precision)
+                    ELSE v_now END AS visible_at,
+               CASE WHEN p_envelopes AND jsonb_typeof(e.value -> 'priority') = 'number'
+                    THEN (e.value ->> 'priority')::numeric::smallint ELSE 0::smallint END AS priority,
+               CASE WHEN NOT v_expiring THEN NULL
+                    WHEN jsonb_typeof(e.value -> 'expires_at') = 'string' THEN (e.value ->> 'expires_at')::timestamptz
+                    WHEN jsonb_typeof(e.value -> 'ttl_seconds') = 'number'
+                        THEN v_now + make_interval(secs => (e.value ->> 'ttl_seconds')::double precision)
+                    END AS expires_at
+        FROM unnest(v_ids, v_store) WITH ORDINALITY AS x(id, store, ord)
+        JOIN jsonb_array_elements(p_messages) WITH ORDINALITY AS e(value, ord) ON e.ord = x.ord
+        WHERE x.store
+    ), routes AS MATERIALIZED (
+        SELECT i.id, i.visible_at, i.priority, s.key AS subscription_key, s.id AS subscription_id
+        FROM input AS i
+        JOIN fastpubsub.subscriptions AS s
+          ON s.topic_key = v_topic_key
+         AND (s.filter IS NULL
+              OR CASE WHEN s.filter_simple THEN fastpubsub._filter_matches_seed(s.filter, i.payload)
+                      ELSE fastpubsub._filter_eval(s.filter, i.payload, i.attributes) END)
+    ), stored AS (
+        INSERT INTO fastpubsub.messages (created_at, id, topic_key, fanout, payload, attributes, priority, expires_at)
+        SELECT v_now, i.id, v_topic_key, count(r.id), i.payload, i.attributes, i.priority, i.expires_at
+        FROM input AS i LEFT JOIN routes AS r ON r.id = i.id
+        GROUP BY i.ord, i.id, i.payload, i.attributes, i.priority, i.expires_at
+    ), fanned AS (
+        -- Grouped by subscription so that one consume batch touches few pages.
+        INSERT INTO fastpubsub.deliveries (visible_at, seq, message_id, subscription_key, status, priority)
+        SELECT r.visible_at, nextval('fastpubsub.delivery_seq'), r.id, r.subscription_key,
+               CASE WHEN r.visible_at > v_now THEN 'scheduled' ELSE 'available' END::fastpubsub.delivery_status,
+               r.priority
+        FROM (SELECT * FROM routes ORDER BY subscription_key, id) AS r
+    )
+    SELECT coalesce(array_agg(w.subscription_id ORDER BY w.subscription_id), '{}'),
+           coalesce(array_agg(w.ready ORDER BY w.subscription_id), '{}')
+    INTO woken, woken_counts
+    FROM (SELECT r.subscription_id, count(*) FILTER (WHERE r.visible_at <= v_now)::integer AS ready
+          FROM routes AS r GROUP BY r.subscription_id) AS w;
+
+    IF v_expiring THEN
+        -- From now on consume reads these subscriptions' messages' own expiry.
+        UPDATE fastpubsub.subscriptions SET expiring_messages = true
+        WHERE topic_key = v_topic_key AND id = ANY (woken) AND NOT expiring_messages;
+    END IF;
+    PERFORM fastpubsub._notify(woken, woken_counts);
 END
 $$;
 

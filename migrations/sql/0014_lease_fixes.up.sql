@@ -5,11 +5,15 @@
 -- the connection, however large the table grew meanwhile (docs/schema.md,
 -- "Plans that last").
 --
+-- _publish takes its topic lock and its transaction id, and skips its notify
+-- call in the server's sessions, without a statement for each: a fifth less
+-- PostgreSQL CPU for a one-message publish.
+--
 -- _publish_handoff also reports, for a hand-off that took all there was, when
 -- the subscription's next message falls due (a delayed message of the same
 -- publish, say), as a look does: a stream handed its messages then waits for
 -- news without a look of its own, and would not otherwise hear of that time.
 -- Its result gains a column, so it is dropped here (it exists when the
--- database was at 0013_publish_handoff); the functions are installed from the
+-- database was at 0013_publish_handoff). The functions are installed from the
 -- source at the head.
 DROP FUNCTION IF EXISTS fastpubsub._publish_handoff(text[], text[], boolean[], text[], text[], integer[]);
