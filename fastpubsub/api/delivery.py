@@ -37,6 +37,7 @@ from fastpubsub.api.metrics import ACKED, CONSUMED, DEAD_LETTERED, NACKED, PUBLI
 from fastpubsub.api.schemas import MAX_BATCH_SIZE
 from fastpubsub.api.wakeups import Waiter, WakeHub
 from fastpubsub.db import Database
+from fastpubsub.db.queries import Published
 from fastpubsub.exceptions import (
     DatabaseUnavailableError,
     FastPubSubError,
@@ -122,10 +123,8 @@ class Delivery:
         self.hub = hub
         self.max_message_bytes = max_message_bytes
         self.stream_outage_seconds = stream_outage_seconds
-        self.publishes: GroupCommit[tuple[str, str, bool], tuple[list[UUID], list[str], list[int]]] = (
-            GroupCommit(
-                self._publish_batch, max_in_flight=batches_in_flight, max_batch=max_batch, name="publish"
-            )
+        self.publishes: GroupCommit[tuple[str, str, bool], Published] = GroupCommit(
+            self._publish_batch, max_in_flight=batches_in_flight, max_batch=max_batch, name="publish"
         )
         self.settlements: GroupCommit[dict[str, Any], dict[str, Any]] = GroupCommit(
             self._settle_batch, max_in_flight=batches_in_flight, max_batch=max_batch, name="settle"
@@ -164,9 +163,7 @@ class Delivery:
         PUBLISHED.labels(topic_id).inc(len(ids))
         return ids
 
-    async def _publish_batch(
-        self, requests: Sequence[tuple[str, str, bool]]
-    ) -> list[tuple[list[UUID], list[str], list[int]]]:
+    async def _publish_batch(self, requests: Sequence[tuple[str, str, bool]]) -> list[Published]:
         """Write a group commit's publishes; waiters hear of them once committed.
 
         A consumer parked here on a subscription the topics fed lately is

@@ -87,7 +87,6 @@ def _publish_params(requests: Sequence[tuple[str, str, bool]]) -> dict[str, Any]
     }
 
 
-# One publish request's result: its message ids, and the subscriptions fed with their counts.
 Published = tuple[list[UUID], list[str], list[int]]
 
 
@@ -297,9 +296,7 @@ class Database:
         await self._rows("delete_subscription", id=subscription_id)
 
     # -- messages ------------------------------------------------------------
-    async def publish_batch(
-        self, requests: Sequence[tuple[str, str, bool]]
-    ) -> list[tuple[list[UUID], list[str], list[int]]]:
+    async def publish_batch(self, requests: Sequence[tuple[str, str, bool]]) -> list[Published]:
         """Several publishes in one transaction: (topic, JSON body, envelopes) each.
 
         For each, in order: the message ids, and the subscriptions fed with how

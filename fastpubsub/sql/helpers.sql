@@ -114,6 +114,7 @@ $$;
 
 -- Publishers take this lock shared and topic or subscription changes take it
 -- exclusive, so a publish never fans out to a subscription being deleted.
+-- (_publish takes the shared lock itself, written out: keep the two alike.)
 CREATE OR REPLACE FUNCTION fastpubsub._lock_topic(p_topic_key integer, p_exclusive boolean)
 RETURNS void
 LANGUAGE plpgsql

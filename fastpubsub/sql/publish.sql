@@ -507,7 +507,6 @@ BEGIN
                 RAISE WARNING 'fastpubsub: hand-off to % leased nothing: %', p_subscriptions[k], SQLERRM;
                 ids := '{}';
                 events := '{}';
-                due := NULL;
             END;
         END IF;
         RETURN NEXT;

