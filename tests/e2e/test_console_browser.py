@@ -154,6 +154,22 @@ def notice(driver: WebDriver, expected: str) -> str:
     return text_of(driver, ".notice")
 
 
+def shows(driver: WebDriver, expected: str, timeout: float = 20) -> bool:
+    """Whether the page comes to say `expected` within `timeout`. A page read while the browser is still
+    putting it up can come back empty on a busy machine, so the page is read again until it says it;
+    a page that never does fails with where the browser is and what it shows."""
+
+    def said(d: WebDriver) -> bool:
+        return expected in d.page_source
+
+    try:
+        wait_for(driver, said, timeout=timeout)
+    except TimeoutException:
+        where = f"{driver.current_url} ({driver.title!r})"
+        raise AssertionError(f"{expected!r} not shown at {where}: {driver.page_source[:2000]!r}") from None
+    return True
+
+
 def backlog_cell(driver: WebDriver, subscription: str) -> str:
     return text_of(driver, f'td[data-figure="backlog"][data-subscription="{subscription}"]')
 
@@ -246,7 +262,7 @@ def test_console_from_sign_in_to_dead_letters_and_secrets(
         assert api.post("/subscriptions/emails/nacks", json=[leased[0]["id"]]).status_code == 204
         assert api.get("/subscriptions/emails/metrics").json()["dlq"] == 1
         driver.get(f"{server.url}/console/subscriptions/emails/dlq")
-        assert "delivery failed once (the limit is 1)" in driver.page_source
+        assert shows(driver, "delivery failed once (the limit is 1)")
         check_page(driver, axe_source, "05-dead-letters")
         box = driver.find_element(By.CSS_SELECTOR, f'input[name=id][value="{leased[0]["id"]}"]')
         box.send_keys(Keys.SPACE)  # by keyboard
@@ -273,7 +289,7 @@ def test_console_from_sign_in_to_dead_letters_and_secrets(
         new_secret = wait_for(driver, lambda d: d.find_element(By.ID, "new-client-secret")).text
         assert new_secret
         assert new_secret != first_secret
-        assert "earlier tokens no longer work" in driver.page_source
+        assert shows(driver, "earlier tokens no longer work")
         old = httpx.post(
             f"{server.url}/oauth/token", json={"client_id": new_id, "client_secret": first_secret}
         )
