@@ -1,7 +1,8 @@
 -- Back to revision 0013_publish_handoff: the two functions this revision's
 -- upgrade gave SET enable_seqscan = off lose it, and _publish_handoff (without
--- the due column) and _publish are restored as revision 0013_publish_handoff
--- had them, which leaves each exactly as that revision had it.
+-- the due column), _publish and _publish_batch are restored as revision
+-- 0013_publish_handoff had them, which leaves each exactly as that revision
+-- had it.
 
 ALTER FUNCTION fastpubsub._drop_oldest(fastpubsub.subscriptions,bigint) RESET enable_seqscan;
 ALTER FUNCTION fastpubsub._lease(text,text[],integer[]) RESET enable_seqscan;
@@ -195,3 +196,87 @@ BEGIN
 END
 $$;
 
+CREATE OR REPLACE FUNCTION fastpubsub._publish_batch(p_topics text[], p_messages text[], p_envelopes boolean[])
+RETURNS TABLE(ids uuid[], woken text[], woken_counts integer[])
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+DECLARE
+    n integer := coalesce(cardinality(p_topics), 0);
+    v_bodies jsonb[] := '{}';
+    -- Request i's ids are v_ids[v_first[i] : v_first[i] + v_count[i] - 1]; the
+    -- same for what a group's first request reports woken.
+    v_ids uuid[] := '{}';
+    v_first integer[] := array_fill(1, ARRAY[n]);
+    v_count integer[] := array_fill(0, ARRAY[n]);
+    v_woken text[] := '{}';
+    v_woken_counts integer[] := '{}';
+    v_woken_first integer[] := array_fill(1, ARRAY[n]);
+    v_woken_count integer[] := array_fill(0, ARRAY[n]);
+    v_published record;
+    g record;
+    v_member integer;
+    v_at integer;
+BEGIN
+    FOR i IN 1 .. n LOOP
+        v_bodies := v_bodies || p_messages[i]::jsonb;
+    END LOOP;
+    IF n > 1 THEN
+        -- Publishers of subscriptions with a backlog limit are serialised
+        -- (_make_room): take those locks for every topic of the batch first, in
+        -- key order, so that two batches never wait for each other in a cycle.
+        PERFORM pg_advisory_xact_lock(1718645603, x.key)
+        FROM (SELECT s.key FROM fastpubsub.topics AS t
+              JOIN fastpubsub.subscriptions AS s ON s.topic_key = t.key AND s.max_backlog IS NOT NULL
+              WHERE t.id = ANY (p_topics) AND t.backlog_limited
+              ORDER BY s.key) AS x;
+    END IF;
+    FOR g IN
+        SELECT x.topic, bool_or(coalesce(x.envelopes, false)) AS envelopes,
+               array_agg(x.ord::integer ORDER BY x.ord) AS members,
+               array_agg(coalesce(x.envelopes, false) ORDER BY x.ord) AS kinds
+        FROM unnest(p_topics, p_envelopes, v_bodies) WITH ORDINALITY AS x(topic, envelopes, body, ord)
+        LEFT JOIN fastpubsub.topics AS t ON t.id = x.topic
+        GROUP BY x.topic,
+                 -- a body _publish refuses is published alone, to fail with its own error;
+                 -- so is each request to a topic with backlog limits, which apply
+                 -- request by request, in order (a merged group could be refused
+                 -- as a whole, or make room differently)
+                 CASE WHEN jsonb_typeof(x.body) = 'array' AND jsonb_array_length(x.body) > 0
+                           AND NOT coalesce(t.backlog_limited, false) THEN 0
+                      ELSE x.ord END
+        ORDER BY min(x.ord)
+    LOOP
+        v_published := fastpubsub._publish(
+            g.topic,
+            CASE WHEN cardinality(g.members) = 1 THEN v_bodies[g.members[1]]
+                 ELSE (SELECT jsonb_agg(CASE WHEN g.envelopes AND NOT g.kinds[m.ord::integer]
+                                             THEN jsonb_build_object('payload', e.value)  -- the same message
+                                             ELSE e.value END
+                                        ORDER BY m.ord, e.ord)
+                       FROM unnest(g.members) WITH ORDINALITY AS m(member, ord)
+                       CROSS JOIN LATERAL jsonb_array_elements(v_bodies[m.member]) WITH ORDINALITY AS e(value, ord))
+            END,
+            g.envelopes,
+            cardinality(v_ids));
+        v_at := cardinality(v_ids) + 1;
+        FOREACH v_member IN ARRAY g.members LOOP
+            v_first[v_member] := v_at;
+            v_count[v_member] := jsonb_array_length(v_bodies[v_member]);
+            v_at := v_at + v_count[v_member];
+        END LOOP;
+        v_ids := v_ids || v_published.ids;
+        v_woken_first[g.members[1]] := cardinality(v_woken) + 1;
+        v_woken_count[g.members[1]] := cardinality(v_published.woken);
+        v_woken := v_woken || v_published.woken;
+        v_woken_counts := v_woken_counts || v_published.woken_counts;
+    END LOOP;
+    FOR i IN 1 .. n LOOP
+        ids := v_ids[v_first[i] : v_first[i] + v_count[i] - 1];
+        woken := v_woken[v_woken_first[i] : v_woken_first[i] + v_woken_count[i] - 1];
+        woken_counts := v_woken_counts[v_woken_first[i] : v_woken_first[i] + v_woken_count[i] - 1];
+        RETURN NEXT;
+    END LOOP;
+END
+$$;

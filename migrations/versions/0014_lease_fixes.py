@@ -1,5 +1,5 @@
 """Leasing and dropping change rows by their address, never by reading the table;
-a publish runs fewer statements; a hand-off that took all there was says
+a publish and the usual publish batch run fewer statements; a hand-off that took all there was says
 when the rest falls due.
 
 Revision ID: 0014_lease_fixes
@@ -16,7 +16,7 @@ depends_on = None
 
 # The function source (fastpubsub/sql) this revision installs: a test keeps it
 # equal to the files, so that changing a function takes a new revision.
-functions_digest = "b2d66a1519faf31b4ac05b14f05822470a75df70092d12bb5f3af898802fd6b6"
+functions_digest = "ff1991b1a630a0f60bf6eb727b69856fbeb68273b50fe2551db81c3dcf6b00b4"
 
 
 def upgrade() -> None:

@@ -91,6 +91,43 @@ def test_one_bad_request_fails_the_whole_batch_and_nothing_is_stored(topics: psy
     assert topics.execute("SELECT count(*) FROM fastpubsub.messages").fetchone() == (0,)
 
 
+def test_a_batch_of_one_kind_to_one_topic_keeps_each_requests_ids_order_and_fan_out(
+    topics: psycopg.Connection,
+) -> None:
+    """The usual batch (written by one _publish without the grouping): each request its own slice."""
+    rows = publish_batch(
+        topics,
+        [
+            ("a", [{"payload": {"n": 1, "country": "BR"}}], True),
+            ("a", [{"payload": {"n": 2}}, {"payload": {"n": 3}, "delay_seconds": 60}], True),
+            ("a", [{"payload": {"n": 4}, "priority": 3}], True),
+        ],
+    )
+    assert [len(row[0]) for row in rows] == [1, 2, 1]
+    published = [message_id for row in rows for message_id in row[0]]
+    assert published == sorted(published)  # request order
+    # Fed: a-all with 1, 2 and 4 now (3 later), a-br with 1; reported with the first request only.
+    assert [(row[1], row[2]) for row in rows] == [(["a-all", "a-br"], [3, 1]), ([], []), ([], [])]
+    got = consume(topics, "a-all", n=10)
+    assert [row[0] for row in got] == [published[3], published[0], published[1]]  # priority, then order
+    assert [row[1]["n"] for row in got] == [4, 1, 2]
+
+
+@pytest.mark.parametrize("bad", [[], {"n": 2}, 7, [1, 2]], ids=["empty", "object", "number", "not objects"])
+def test_a_bad_body_fails_a_batch_to_one_topic_and_nothing_is_stored(
+    topics: psycopg.Connection, bad: object
+) -> None:
+    with pytest.raises(psycopg.Error) as info:
+        publish_batch(topics, [("a", [{"n": 1}], False), ("a", bad, False), ("a", [{"n": 3}], False)])
+    assert info.value.sqlstate == "FP422"
+    assert topics.execute("SELECT count(*) FROM fastpubsub.messages").fetchone() == (0,)
+    # Alone (as GroupCommit retries them), the good ones are published and the bad one fails.
+    assert len(publish_batch(topics, [("a", [{"n": 1}], False)])[0][0]) == 1
+    with pytest.raises(psycopg.Error) as alone:
+        publish_batch(topics, [("a", bad, False)])
+    assert alone.value.sqlstate == "FP422"
+
+
 def limited(conn: psycopg.Connection, policy: str) -> None:
     """Topic "lim" whose one subscription holds at most two messages."""
     conn.execute("""SELECT fastpubsub.create_topic('lim')""")
