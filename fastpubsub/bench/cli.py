@@ -102,6 +102,7 @@ def bench_all(
         stream_messages=stream_messages,
         idle_streams=idle_streams,
         fast_rate=fast_rate,
+        steadiness_seconds=min(5, e2e_seconds / 2),
     )
     from fastpubsub.bench import wrk
 

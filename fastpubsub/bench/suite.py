@@ -25,7 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from fastpubsub import migrate
-from fastpubsub.bench import ceiling, waiting, workloads, wrk
+from fastpubsub.bench import ceiling, steadiness, waiting, workloads, wrk
 from fastpubsub.bench.client import Connection
 from fastpubsub.bench.workloads import Result
 from fastpubsub.db.urls import libpq_url
@@ -60,6 +60,7 @@ class Options:
     stream_messages: int = 50_000
     idle_streams: int = 10_000
     fast_rate: float = 2000  # the second end-to-end rate
+    steadiness_seconds: float = 5  # the machine's CPU, timed before each end-to-end round
 
 
 class BenchError(Exception):
@@ -276,10 +277,22 @@ async def end_to_end(results: dict[str, Any], client: workloads.Connect, o: Opti
 
     Round by round, every phase in each, so that a spell of noise on the
     machine falls on one round of several phases, not on every round of one.
+    Before each round, the machine's CPU is timed with nothing else running
+    (steadiness): how much of the time it ran slowed down.
     """
     for key, _, _ in E2E_PHASES:
         results[key] = []
+    results["steadiness"] = []
     for round_ in range(1, o.rounds + 1):
+        with progress_bar(
+            f"the machine's CPU, steady or not: {o.steadiness_seconds:g} s, round {round_}", None
+        ):
+            steady = await steadiness.measure(o.steadiness_seconds)
+        console.print(
+            f"  CPU at under 1/{steadiness.SLOW:g} speed {steady['slow_share']:.1%} of the time "
+            f"({steady['stretches']} stretches, slowest unit {steady['slowest']:g}x the median)"
+        )
+        results["steadiness"].append(steady)
         for key, option, consumer in E2E_PHASES:
             rate = getattr(o, option)
             results[key].append(
@@ -646,6 +659,7 @@ def summary(results: dict[str, Any], o: Options) -> dict[str, Any]:
         figures[f"idle_streams_{key}_rounds"] = [round(v, 2) for v in idle.extra[f"{key}_rounds"]]
     for key, option, consumer in E2E_PHASES:
         figures |= e2e_figures(results[key], key, getattr(o, option), consumer)
+    figures |= steadiness_figures(results["steadiness"])
     figures["targets_met"] = all(
         [
             figures["publish_ratio"] >= 0.7,
@@ -693,6 +707,33 @@ def e2e_figures(rounds: list[Result], key: str, rate: float, consumer: str) -> d
         f"{key}_p99_ms_rounds": [round(r.extra["p99_ms"], 2) for r in rounds],
         f"{key}_wrk_cpu_share": round(max(r.extra["wrk_cpu_share"] for r in rounds), 3),
     }
+
+
+def steadiness_figures(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The machine's CPU before the end-to-end rounds: the median round, each round, the worst unit."""
+    shares = [r["slow_share"] for r in rounds]
+    every = [r["every_s"] for r in rounds if r["every_s"] is not None]
+    return {
+        "cpu_slow_share": round(statistics.median(shares), 4),
+        "cpu_slow_share_rounds": shares,
+        "cpu_slow_every_s": round(statistics.median(every), 2) if every else None,
+        "cpu_slowest_unit": max(r["slowest"] for r in rounds),
+    }
+
+
+def steadiness_row(f: dict[str, Any], o: Options) -> tuple[str, ...]:
+    every = f["cpu_slow_every_s"]
+    rounds = " / ".join(f"{share:.1%}" for share in f["cpu_slow_share_rounds"])
+    return (
+        f"  the machine: share of {o.steadiness_seconds:g} s of fixed CPU work, before each end-to-end "
+        f"round, run at under 1/{steadiness.SLOW:g} speed (rounds); how often; slowest unit",
+        f"{f['cpu_slow_share']:.1%} ({rounds}); "
+        + (f"every {every:g} s" if every is not None else "once or never")
+        + f"; {f['cpu_slowest_unit']:g}x",
+        "",
+        "",
+        "",
+    )
 
 
 def e2e_holds(f: dict[str, Any], key: str) -> bool:
@@ -840,6 +881,7 @@ def table(f: dict[str, Any], o: Options) -> Table:
     )
     t.add_row(*e2e_row(f, "e2e"))
     t.add_row(*e2e_row(f, "e2e_stream"))
+    t.add_row(*steadiness_row(f, o))
     t.add_row(
         f"consume msg/s, {o.backlog:,} vs {o.backlog_sample:,} waiting",
         f"{f['backlog_large_msgs_per_s']:,} vs {f['backlog_small_msgs_per_s']:,}",

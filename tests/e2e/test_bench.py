@@ -323,6 +323,11 @@ def test_bench_all_runs_every_phase_and_its_exit_status_is_the_verdict(
             assert min(rounds) <= figures[f"{key}_{figure}"] <= max(rounds), key
     assert figures["e2e_stream_consumer"] == figures["e2e_fast_stream_consumer"] == "stream"
     assert figures["e2e_consumer"] == figures["e2e_fast_consumer"] == "long-poll"
+    # The machine's CPU timed before each end-to-end round (how steady it was).
+    assert len(figures["cpu_slow_share_rounds"]) == 2
+    assert 0 <= min(figures["cpu_slow_share_rounds"]) <= figures["cpu_slow_share"] <= 1
+    assert figures["cpu_slowest_unit"] >= 1
+    assert "fixed CPU work" in result.stderr + result.stdout
     assert figures["idle_streams"] == 200
     for key in (
         "idle_streams_publish_p99_ms",

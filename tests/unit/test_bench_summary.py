@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from fastpubsub.bench.suite import Options, summary
+from fastpubsub.bench.suite import Options, steadiness_row, summary
 from fastpubsub.bench.waiting import publish_rounds
 from fastpubsub.bench.workloads import Result, verify_drained
 from fastpubsub.bench.wrk import WrkResult
@@ -66,6 +66,19 @@ def idle(**extra: Any) -> Result:
     return Result("idle streams", 10_000, 5, figures | extra)
 
 
+def steady(share: float, every: float | None, slowest: float) -> dict[str, Any]:
+    """A steadiness round (fastpubsub.bench.steadiness.judge's figures)."""
+    stretches = 0 if every is None else 3
+    return {
+        "units": 4000,
+        "median_unit_ms": 1.2,
+        "slow_share": share,
+        "stretches": stretches,
+        "every_s": every,
+        "slowest": slowest,
+    }
+
+
 def results(**changes: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
         "floor": [wrk(50_000)] * 3,  # 5,000 requests/s
@@ -84,6 +97,7 @@ def results(**changes: Any) -> dict[str, Any]:
         "e2e": e2e(1500, 15, 3.2, 9.0),
         "e2e_stream": e2e(1500, 15, 3.0, 8.0),
         "backlog": {"rate_small": 25_000.0, "rate_large": 24_000.0, "ratio": 0.96},
+        "steadiness": [steady(0.05, 1.4, 12.0), steady(0.02, None, 3.0), steady(0.08, 1.6, 9.5)],
         "wal": Result(
             "wal",
             10_000,
@@ -116,6 +130,19 @@ def test_figures_and_ratios_come_from_the_results() -> None:
     assert (figures["e2e_fast_stream_p50_ms"], figures["e2e_fast_stream_p99_ms"]) == (3.5, 15.0)
     assert (figures["e2e_stream_publish_p50_ms"], figures["e2e_stream_publish_p99_ms"]) == (2.0, 6.0)
     assert figures["targets_met"] is True
+
+
+def test_the_machines_steadiness_is_reported_round_by_round_and_is_no_target() -> None:
+    figures = summary(results(), Options())
+    assert figures["cpu_slow_share"] == 0.05  # the median round
+    assert figures["cpu_slow_share_rounds"] == [0.05, 0.02, 0.08]
+    assert figures["cpu_slow_every_s"] == 1.5  # the median of the rounds that had two stretches or more
+    assert figures["cpu_slowest_unit"] == 12.0
+    row = steadiness_row(figures, Options())
+    assert row[1] == "5.0% (5.0% / 2.0% / 8.0%); every 1.5 s; 12x"
+    calm = summary(results(steadiness=[steady(0.0, None, 1.5)] * 3), Options())
+    assert steadiness_row(calm, Options())[1] == "0.0% (0.0% / 0.0% / 0.0%); once or never; 1.5x"
+    assert calm["targets_met"] is figures["targets_met"] is True
 
 
 def test_end_to_end_latencies_are_the_medians_of_the_rounds() -> None:
