@@ -362,7 +362,7 @@ $$;
 -- The usual batch, every request of one kind to one topic without backlog
 -- limits, is one group: it is written by one statement that gathers the
 -- messages and one that deals out the ids, without the grouping's bookkeeping
--- (half of a batch's time in PostgreSQL otherwise). A bad body among them
+-- (a fifth of such a batch's time in PostgreSQL). A bad body among them
 -- fails the batch as the grouping would (the caller then retries each alone).
 CREATE OR REPLACE FUNCTION fastpubsub._publish_batch(p_topics text[], p_messages text[], p_envelopes boolean[])
 RETURNS TABLE(ids uuid[], woken text[], woken_counts integer[])

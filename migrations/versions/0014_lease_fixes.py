@@ -16,7 +16,7 @@ depends_on = None
 
 # The function source (fastpubsub/sql) this revision installs: a test keeps it
 # equal to the files, so that changing a function takes a new revision.
-functions_digest = "ff1991b1a630a0f60bf6eb727b69856fbeb68273b50fe2551db81c3dcf6b00b4"
+functions_digest = "76358163e04fc436426c545918772b966edac9b45e10ef1326b1dfcea6f7736a"
 
 
 def upgrade() -> None:
