@@ -381,6 +381,20 @@ BEGIN
 END
 $$;
 
+-- next_due for a statement that has just leased (consume_events): next_due is
+-- STABLE, so within the statement that leased it reads the snapshot from before
+-- the leases, and misses them (the messages just leased look deliverable, or
+-- their new lease ends go unseen). A VOLATILE function's query takes a
+-- snapshot of its own, which sees them.
+CREATE OR REPLACE FUNCTION fastpubsub._next_due_after_lease(p_subscription_id text)
+RETURNS double precision
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    RETURN fastpubsub.next_due(p_subscription_id);
+END
+$$;
+
 -- A stream calls this every 30 s while it runs: acks and nacks of the
 -- subscription then notify `settled:<subscription>`, so the stream can send more.
 CREATE OR REPLACE FUNCTION fastpubsub.touch_stream(p_subscription_id text)

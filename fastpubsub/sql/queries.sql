@@ -180,7 +180,7 @@ FROM fastpubsub._lease(:subscription_id, ARRAY[CAST(:consumer_id AS text)], ARRA
 -- One row per leased message: its id and its JSON (as consume_json renders it),
 -- for streams, which send one event per message; when fewer than batch_size
 -- were leased (all there was), also one row with no message and next_due, first
--- (one round trip per look).
+-- (one round trip per look), as of after the lease (_next_due_after_lease).
 WITH c AS MATERIALIZED (
     SELECT c.id, c.ord, fastpubsub._message_json(
                c.id, :subscription_id, c.payload, c.attempts, c.created_at, c.attributes, c.priority, c.receipt
@@ -190,7 +190,7 @@ WITH c AS MATERIALIZED (
 )
 SELECT c.id, c.data, NULL::double precision AS due, c.ord FROM c
 UNION ALL
-SELECT NULL, NULL, fastpubsub.next_due(:subscription_id), 0
+SELECT NULL, NULL, fastpubsub._next_due_after_lease(:subscription_id), 0
 WHERE (SELECT count(*) FROM c) < CAST(:batch_size AS integer)
 ORDER BY 4
 

@@ -189,6 +189,31 @@ async def test_a_long_poll_look_is_one_round_trip(db: Database) -> None:
     assert 29 < due <= 30  # when the lease just taken runs out
 
 
+async def test_a_stream_look_that_took_all_there_was_sees_its_own_leases_in_next_due(db: Database) -> None:
+    """consume_events reports what falls due after its own leases, not from before them."""
+    await db.create_topic("t")
+    await db.create_subscription(
+        "s", "t", ack_deadline_seconds=30, backoff_min_seconds=0, backoff_max_seconds=0
+    )
+    assert await db.consume_events("s", "w", 10) == ([], None)  # nothing pending at all
+    await db.publish("t", [{"n": 1}, {"n": 2}])
+    events, due = await db.consume_events("s", "w", 10)
+    assert [json.loads(data)["payload"] for _, data in events] == [{"n": 1}, {"n": 2}]
+    assert due is not None  # the leases it just took end then (before them: nothing was pending)
+    assert 29 < due <= 30
+    # Nacked (retried at once), then leased again: the look took all there was,
+    # so nothing is due now (before its leases the two looked deliverable: 0).
+    assert (await db.nack("s", [event_id for event_id, _ in events])).nacked == 2
+    events, due = await db.consume_events("s", "w", 10)
+    assert len(events) == 2
+    assert due is not None
+    assert 29 < due <= 30
+    # A full look (as many as it asked for) reports nothing: there may be more.
+    (third,) = await db.publish("t", [{"n": 3}])
+    events, due = await db.consume_events("s", "w", 1)
+    assert ([event_id for event_id, _ in events], due) == ([third], None)
+
+
 async def test_publish_bodies_reach_the_database_as_they_were_sent(db: Database) -> None:
     # Bodies go as one array literal: whatever they hold (quotes, backslashes,
     # braces, commas, the word NULL, escapes, other scripts) stays one element, unchanged.
