@@ -88,7 +88,9 @@ def release_slot(slot: int | None) -> None:
 def other_workers() -> list[int]:
     """The pids of the other workers serving now (those that have claimed a slot)."""
     me = os.getpid()
-    return [pid for pid in _pids if pid and pid != me]
+    # One copy of the array (a slice is a single C call): reading 128 shared
+    # ints one at a time took three times as long, on every wake-up sent.
+    return [pid for pid in _pids[:] if pid and pid != me]
 
 
 def least_busy_elsewhere(slot: int) -> int | None:
