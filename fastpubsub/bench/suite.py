@@ -523,10 +523,16 @@ async def side_by_side(
                 results[f"{side}_{workload}"].append(await run(side, counter))
 
 
-BACKLOG_ROUNDS = 5
+# Rounds of the backlog comparison: as many as the large backlog holds samples
+# of, up to BACKLOG_ROUNDS, and at least MIN_BACKLOG_ROUNDS. One sample takes
+# about half a second here, less than the host's slow stretches come apart
+# (every 1.5 s or so, see steadiness.py): one can fall in a sample and take a
+# fifth of it, so the medians need rounds enough to leave such samples out.
+BACKLOG_ROUNDS = 9
+MIN_BACKLOG_ROUNDS = 5
 
 
-async def backlog_effect(client: workloads.Connect, db_url: str, o: Options) -> dict[str, float]:
+async def backlog_effect(client: workloads.Connect, db_url: str, o: Options) -> dict[str, Any]:
     """Consume rate of the first `backlog_sample` messages with that many waiting, then with `backlog`."""
 
     async def sample(subscription: str, label: str) -> float:
@@ -546,16 +552,17 @@ async def backlog_effect(client: workloads.Connect, db_url: str, o: Options) -> 
         )
         return result.rate
 
-    if o.backlog < BACKLOG_ROUNDS * o.backlog_sample:
-        raise ValueError(f"the backlog must hold at least {BACKLOG_ROUNDS} samples of {o.backlog_sample:,}")
+    rounds = min(BACKLOG_ROUNDS, o.backlog // o.backlog_sample)
+    if rounds < MIN_BACKLOG_ROUNDS:
+        raise ValueError(f"the backlog must hold at least {MIN_BACKLOG_ROUNDS} samples of {o.backlog_sample:,}")
     # Rounds alternate between the two so that whatever the machine does meanwhile
     # (checkpoints, autovacuum, a noisy neighbour) weighs on both sides alike.
     with progress_bar(f"filling a backlog of {o.backlog:,}", None):
         big = await fill_subscription(db_url, o.backlog, o.payload_bytes, "bench-big")
     small: list[float] = []
     large: list[float] = []
-    for round_ in range(BACKLOG_ROUNDS):
-        counter = f"({round_ + 1}/{BACKLOG_ROUNDS})"
+    for round_ in range(rounds):
+        counter = f"({round_ + 1}/{rounds})"
         subscription = await fill_subscription(db_url, o.backlog_sample, o.payload_bytes, "bench-small")
         small.append(
             await sample(subscription, f"consume {o.backlog_sample:,} of {o.backlog_sample:,} {counter}")
@@ -565,6 +572,8 @@ async def backlog_effect(client: workloads.Connect, db_url: str, o: Options) -> 
     return {
         "rate_small": statistics.median(small),
         "rate_large": statistics.median(large),
+        "rounds_small": small,
+        "rounds_large": large,
         "ratio": statistics.median(large) / statistics.median(small),
     }
 
@@ -620,6 +629,8 @@ def summary(results: dict[str, Any], o: Options) -> dict[str, Any]:
         "backlog_small_msgs_per_s": round(backlog["rate_small"]),
         "backlog_large_msgs_per_s": round(backlog["rate_large"]),
         "backlog_ratio": round(backlog["ratio"], 3),
+        "backlog_small_rounds": [round(rate) for rate in backlog.get("rounds_small", [])],
+        "backlog_large_rounds": [round(rate) for rate in backlog.get("rounds_large", [])],
         "wal_bytes_per_message": round(wal.extra["total_bytes"]),
         "wal_publish": round(wal.extra["publish"]),
         "wal_consume": round(wal.extra["consume"]),

@@ -291,6 +291,11 @@ def test_bench_all_runs_every_phase_and_its_exit_status_is_the_verdict(
     assert figures["consume_duplicates"] == 0
     assert figures["consume_problems"] == []
     assert 0 <= figures["sql_client_busy"] <= 1
+    # A backlog of 50,000 holds 5 samples of 10,000 (fewer than the 9 rounds a large one gets).
+    for side in ("small", "large"):
+        rounds = figures[f"backlog_{side}_rounds"]
+        assert len(rounds) == 5, side
+        assert min(rounds) <= figures[f"backlog_{side}_msgs_per_s"] <= max(rounds), side
     parts = figures["wal_publish"] + figures["wal_consume"] + figures["wal_ack"]
     assert abs(figures["wal_bytes_per_message"] - parts) <= 2  # each figure is rounded on its own
     # A given database's configuration is left alone: the backend's own WAL is counted.
