@@ -58,7 +58,9 @@ def bench_all(
     messages: Annotated[int, typer.Option(min=1000, help="Backlog each consume+ack phase drains")] = 50_000,
     backlog: Annotated[
         int,
-        typer.Option(min=50_000, help="Large backlog for the backlog comparison (5 to 9 rounds take 10,000 each)"),
+        typer.Option(
+            min=50_000, help="Large backlog for the backlog comparison (5 to 9 rounds take 10,000 each)"
+        ),
     ] = 1_000_000,
     wal_messages: Annotated[
         int, typer.Option(min=1000, help="Message lifecycles the WAL figure is measured over")

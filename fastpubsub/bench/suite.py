@@ -554,7 +554,9 @@ async def backlog_effect(client: workloads.Connect, db_url: str, o: Options) -> 
 
     rounds = min(BACKLOG_ROUNDS, o.backlog // o.backlog_sample)
     if rounds < MIN_BACKLOG_ROUNDS:
-        raise ValueError(f"the backlog must hold at least {MIN_BACKLOG_ROUNDS} samples of {o.backlog_sample:,}")
+        raise ValueError(
+            f"the backlog must hold at least {MIN_BACKLOG_ROUNDS} samples of {o.backlog_sample:,}"
+        )
     # Rounds alternate between the two so that whatever the machine does meanwhile
     # (checkpoints, autovacuum, a noisy neighbour) weighs on both sides alike.
     with progress_bar(f"filling a backlog of {o.backlog:,}", None):
