@@ -59,11 +59,16 @@ AS $$
 $$;
 
 -- Microseconds since the Unix epoch: how receipts name the time a lease was taken.
+-- Read from the interval since the epoch, not from the time itself: extract
+-- from a timestamptz is STABLE (other fields depend on the time zone), and an
+-- IMMUTABLE function whose body calls a STABLE one is never inlined, so each
+-- leased message paid a call of its own (the same value: an interval's epoch
+-- counts its days and time exactly).
 CREATE OR REPLACE FUNCTION fastpubsub._micros(p_time timestamptz)
 RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
-    SELECT (extract(epoch FROM p_time) * 1000000)::bigint
+    SELECT (extract(epoch FROM p_time - timestamptz '1970-01-01 00:00:00+00') * 1000000)::bigint
 $$;
 
 -- A lease receipt: the message id and the time its lease was taken, 24 bytes

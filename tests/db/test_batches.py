@@ -192,6 +192,36 @@ def test_settlements_act_in_order_each_with_its_result(topics: psycopg.Connectio
     ]
 
 
+def test_one_ack_alone_counts_each_message_it_acked_once_as_in_a_group(topics: psycopg.Connection) -> None:
+    """The usual settlement (one ack by id for its subscription) and the same ack beside another agree."""
+    publish_batch(topics, [("a", [{"n": i} for i in range(6)], False)])
+    ids = [str(row["id"]) for row in consume_full(topics, "a-all", "w", 5)]  # the sixth is not leased
+    unknown = "00000000-0000-4000-8000-000000000000"
+    alone = settle_batch(
+        topics, [{"subscription": "a-all", "action": "ack", "ids": [ids[0], ids[0], ids[1], unknown]}]
+    )
+    assert alone == [{"done": 2, "dead": 0, "ready": 0, "streaming": False, "outcomes": None}]
+    # The same kind of ack as the first of two requests to the subscription (one group of two).
+    topics.execute("SELECT fastpubsub.touch_stream('a-all')")  # a stream runs: both say so
+    grouped = settle_batch(
+        topics,
+        [
+            {"subscription": "a-all", "action": "ack", "ids": [ids[2], ids[2], ids[3], unknown, ids[0]]},
+            {"subscription": "a-all", "action": "ack", "ids": [ids[4]]},
+        ],
+    )
+    alone = settle_batch(topics, [{"subscription": "a-all", "action": "ack", "ids": [ids[4]]}])
+    assert grouped == [
+        {"done": 2, "dead": 0, "ready": 0, "streaming": True, "outcomes": None},  # ids[0] was acked already
+        {"done": 1, "dead": 0, "ready": 0, "streaming": True, "outcomes": None},
+    ]
+    assert alone == [{"done": 0, "dead": 0, "ready": 0, "streaming": True, "outcomes": None}]  # acked already
+    assert settle_batch(topics, [{"subscription": "a-all", "action": "ack", "ids": []}]) == [
+        {"done": 0, "dead": 0, "ready": 0, "streaming": True, "outcomes": None}
+    ]
+    assert [row["payload"] for row in consume_full(topics, "a-all", "w", 10)] == [{"n": 5}]  # the rest gone
+
+
 def test_an_unknown_subscription_fails_the_batch(topics: psycopg.Connection) -> None:
     with pytest.raises(psycopg.Error) as info:
         settle_batch(topics, [{"subscription": "nosuch", "action": "ack", "ids": []}])

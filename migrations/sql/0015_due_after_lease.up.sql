@@ -1,8 +1,0 @@
--- _next_due_after_lease: next_due, called from the statement that has just
--- leased (the server's consume_events, a stream's look). next_due is STABLE:
--- in that statement it read the snapshot from before the leases, so a look
--- that took all there was reported nothing pending (its own new leases went
--- unseen) or a retry due at once (the messages it had just leased again). This
--- VOLATILE wrapper's query takes a snapshot of its own, which sees them.
---
--- Nothing else changes. The functions are installed from the source at the head.

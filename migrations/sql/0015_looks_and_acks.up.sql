@@ -1,0 +1,18 @@
+-- _next_due_after_lease (new): next_due, called from the statement that has
+-- just leased (the server's consume_events, a stream's look). next_due is
+-- STABLE: in that statement it read the snapshot from before the leases, so a
+-- look that took all there was reported nothing pending (its own new leases
+-- went unseen) or a retry due at once (the messages it had just leased again).
+-- This VOLATILE wrapper's query takes a snapshot of its own, which sees them.
+--
+-- _micros reads the epoch from the interval since 1970 (IMMUTABLE all through,
+-- the same value): before, its body called extract on a timestamptz, which is
+-- STABLE, so it was never inlined and every leased message paid a function
+-- call for its receipt.
+--
+-- _settle_batch settles the usual group, one request acking by id, without
+-- the per-item bookkeeping that requests sharing a group need: a look and an
+-- ack of 100 messages cost PostgreSQL about a sixth less CPU with the change
+-- above.
+--
+-- No table changes. The functions are installed from the source at the head.
