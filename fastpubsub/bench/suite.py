@@ -532,8 +532,9 @@ BACKLOG_ROUNDS = 9
 MIN_BACKLOG_ROUNDS = 5
 
 
-async def backlog_effect(client: workloads.Connect, db_url: str, o: Options) -> dict[str, Any]:
-    """Consume rate of the first `backlog_sample` messages with that many waiting, then with `backlog`."""
+async def backlog_effect(client: workloads.Connect, db_url: str, o: Options) -> dict[str, list[float]]:
+    """Consume rates, round by round, of `backlog_sample` messages with that many waiting ("small")
+    and with `backlog` waiting ("large")."""
 
     async def sample(subscription: str, label: str) -> float:
         result = await phase(
@@ -571,13 +572,7 @@ async def backlog_effect(client: workloads.Connect, db_url: str, o: Options) -> 
         )
         await asyncio.to_thread(vacuum, db_url)
         large.append(await sample(big, f"consume {o.backlog_sample:,} of {o.backlog:,} {counter}"))
-    return {
-        "rate_small": statistics.median(small),
-        "rate_large": statistics.median(large),
-        "rounds_small": small,
-        "rounds_large": large,
-        "ratio": statistics.median(large) / statistics.median(small),
-    }
+    return {"small": small, "large": large}
 
 
 # -- reporting --------------------------------------------------------------------------
@@ -596,6 +591,7 @@ def summary(results: dict[str, Any], o: Options) -> dict[str, Any]:
     sql_pub, http_pub = results["sql_publish"], results["http_publish"]
     sql_con, http_con = results["sql_consume"], results["http_consume"]
     backlog, wal = results["backlog"], results["wal"]
+    backlog_small, backlog_large = statistics.median(backlog["small"]), statistics.median(backlog["large"])
     floors, ones, one_cons = results["floor"], results["publish_one"], results["consume_ack_one"]
     floor_rate, one_rate = _median_rate(floors), _median_rate(ones)
     one = sorted(ones, key=lambda r: r.rate)[len(ones) // 2]  # a median round: its latency
@@ -628,11 +624,11 @@ def summary(results: dict[str, Any], o: Options) -> dict[str, Any]:
         "consume_duplicates": sum(r.extra["duplicates"] for r in consumed),
         "consume_problems": problems,
         "sql_client_busy": max(r.extra["client_busy"] for r in sql_pub + sql_con),
-        "backlog_small_msgs_per_s": round(backlog["rate_small"]),
-        "backlog_large_msgs_per_s": round(backlog["rate_large"]),
-        "backlog_ratio": round(backlog["ratio"], 3),
-        "backlog_small_rounds": [round(rate) for rate in backlog.get("rounds_small", [])],
-        "backlog_large_rounds": [round(rate) for rate in backlog.get("rounds_large", [])],
+        "backlog_small_msgs_per_s": round(backlog_small),
+        "backlog_large_msgs_per_s": round(backlog_large),
+        "backlog_ratio": round(backlog_large / backlog_small, 3),
+        "backlog_small_rounds": [round(rate) for rate in backlog["small"]],
+        "backlog_large_rounds": [round(rate) for rate in backlog["large"]],
         "wal_bytes_per_message": round(wal.extra["total_bytes"]),
         "wal_publish": round(wal.extra["publish"]),
         "wal_consume": round(wal.extra["consume"]),
