@@ -43,6 +43,7 @@ LANDED = {
     "0012_jit_off": "8f9ac78189cc3b2f1f151bc58c31b4dd607750f3230f3539f660044d9a9ee799",
     "0013_publish_handoff": "4f31bac01f6318afee4fb8af226f4e93ba382ec1c4539ca7435166f2062243e2",
     "0014_lease_fixes": "929317dece332bd6b029ce05900a017fe299f89d3ff7e959faf26af13b7764b2",
+    "0015_looks_and_acks": "9b3895026089a7240cb7f6ac43ff4d6e4209d6219e17c70ecda15dc2646dbf28",
 }
 
 CATALOG_QUERIES = {
