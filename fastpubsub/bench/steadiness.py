@@ -9,6 +9,11 @@ round, so that a round's p99 can be read against the machine it ran on.
 
 Run as `python -m fastpubsub.bench.steadiness SECONDS` it prints its figures
 as one JSON line (the suite runs it so, in a process of its own).
+
+The same reading applies to an end-to-end round's messages (latency_stretches):
+when its slowest messages come in short stretches about as often as the
+machine's slow stretches, the tail is the machine's; spread evenly, it is the
+server's.
 """
 
 from __future__ import annotations
@@ -57,26 +62,54 @@ def judge(timings: list[tuple[float, float]]) -> dict[str, Any]:
     the median time between the starts of two stretches (None with fewer than
     two); slowest: the slowest unit as a multiple of the median.
     """
-    if not timings:
-        raise ValueError("no units were timed")
-    median = statistics.median(duration for _, duration in timings)
+    median, slow, starts = _stretches(timings)
     total = sum(duration for _, duration in timings)
-    slow = [(start, duration) for start, duration in timings if duration > SLOW * median]
-    starts: list[float] = []
-    last_end: float | None = None
-    for start, duration in slow:
-        if last_end is None or start - last_end > STRETCH_GAP:
-            starts.append(start)
-        last_end = start + duration
-    gaps = [later - earlier for earlier, later in itertools.pairwise(starts)]
     return {
         "units": len(timings),
         "median_unit_ms": round(median * 1000, 3),
         "slow_share": round(sum(duration for _, duration in slow) / total, 4),
         "stretches": len(starts),
-        "every_s": round(statistics.median(gaps), 2) if gaps else None,
+        "every_s": _every(starts),
         "slowest": round(max(duration for _, duration in timings) / median, 1),
     }
+
+
+def latency_stretches(latencies: list[tuple[float, float]]) -> dict[str, Any]:
+    """The slow messages of an end-to-end round: (time sent, latency) each, in seconds.
+
+    A message is slow when it took over SLOW times the median latency, and
+    slow messages whose spans (sent to received) lie within STRETCH_GAP of
+    each other belong to one stretch. slow_share: the share of the messages
+    that were slow; stretches and every_s: as judge's.
+    """
+    _, slow, starts = _stretches(latencies)
+    return {
+        "slow_share": round(len(slow) / len(latencies), 4),
+        "stretches": len(starts),
+        "every_s": _every(starts),
+    }
+
+
+def _stretches(
+    timings: list[tuple[float, float]],
+) -> tuple[float, list[tuple[float, float]], list[float]]:
+    """The median duration, the slow (start, duration) pairs in order, and the start of each stretch."""
+    if not timings:
+        raise ValueError("nothing was timed")
+    median = statistics.median(duration for _, duration in timings)
+    slow = sorted((start, duration) for start, duration in timings if duration > SLOW * median)
+    starts: list[float] = []
+    last_end: float | None = None
+    for start, duration in slow:
+        if last_end is None or start - last_end > STRETCH_GAP:
+            starts.append(start)
+        last_end = start + duration if last_end is None else max(last_end, start + duration)
+    return median, slow, starts
+
+
+def _every(starts: list[float]) -> float | None:
+    gaps = [later - earlier for earlier, later in itertools.pairwise(starts)]
+    return round(statistics.median(gaps), 2) if gaps else None
 
 
 async def measure(seconds: float) -> dict[str, Any]:

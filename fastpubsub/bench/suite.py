@@ -704,6 +704,7 @@ def e2e_figures(rounds: list[Result], key: str, rate: float, consumer: str) -> d
     def median(figure: str) -> float:
         return round(float(statistics.median(r.extra[figure] for r in rounds)), 2)
 
+    every = [r.extra["slow_every_s"] for r in rounds if r.extra["slow_every_s"] is not None]
     return {
         f"{key}_rate": rate,
         f"{key}_consumer": consumer,
@@ -715,6 +716,9 @@ def e2e_figures(rounds: list[Result], key: str, rate: float, consumer: str) -> d
         f"{key}_p50_ms_rounds": [round(r.extra["p50_ms"], 2) for r in rounds],
         f"{key}_p99_ms_rounds": [round(r.extra["p99_ms"], 2) for r in rounds],
         f"{key}_wrk_cpu_share": round(max(r.extra["wrk_cpu_share"] for r in rounds), 3),
+        f"{key}_slow_share": round(float(statistics.median(r.extra["slow_share"] for r in rounds)), 4),
+        f"{key}_slow_every_s": round(statistics.median(every), 2) if every else None,
+        f"{key}_slow_every_s_rounds": [r.extra["slow_every_s"] for r in rounds],
     }
 
 
@@ -739,6 +743,24 @@ def steadiness_row(f: dict[str, Any], o: Options) -> tuple[str, ...]:
         f"{f['cpu_slow_share']:.1%} ({rounds}); "
         + (f"every {every:g} s" if every is not None else "once or never")
         + f"; {f['cpu_slowest_unit']:g}x",
+        "",
+        "",
+        "",
+    )
+
+
+def slow_messages_row(f: dict[str, Any]) -> tuple[str, ...]:
+    """When each end-to-end phase's slow messages came: to read against the machine's slow stretches."""
+
+    def phase(key: str) -> str:
+        every = f[f"{key}_slow_every_s"]
+        when = f"every {every:g} s" if every is not None else "once or never"
+        return f"{f[f'{key}_slow_share']:.1%} {when}"
+
+    return (
+        f"  slow-message stretches end to end: the share of messages over {steadiness.SLOW:g}x the round's "
+        "median latency, and how often their stretches began (long-poll / stream, at each rate above)",
+        "; ".join(f"{phase(key)} / {phase(f'{key}_stream')}" for key in ("e2e", "e2e_fast")),
         "",
         "",
         "",
@@ -891,6 +913,7 @@ def table(f: dict[str, Any], o: Options) -> Table:
     t.add_row(*e2e_row(f, "e2e"))
     t.add_row(*e2e_row(f, "e2e_stream"))
     t.add_row(*steadiness_row(f, o))
+    t.add_row(*slow_messages_row(f))
     t.add_row(
         f"consume msg/s, {o.backlog:,} vs {o.backlog_sample:,} waiting",
         f"{f['backlog_large_msgs_per_s']:,} vs {f['backlog_small_msgs_per_s']:,}",

@@ -23,7 +23,7 @@ import orjson
 import psycopg
 from psycopg.rows import dict_row
 
-from fastpubsub.bench import ceiling, wrk
+from fastpubsub.bench import ceiling, steadiness, wrk
 from fastpubsub.bench.client import Connection, HttpError
 from fastpubsub.sql.source import driver_queries
 
@@ -233,6 +233,7 @@ async def http_end_to_end(
     await http_setup(setup, topic, [(subscription, None)])
     setup.close()
     latencies: list[float] = []
+    sent: list[float] = []
     expected = int(rate * seconds)
     path = f"/subscriptions/{subscription}"
     unacked: list[str] = []
@@ -242,7 +243,8 @@ async def http_end_to_end(
 
     def received(messages: list[dict[str, Any]], now: float) -> None:
         for message in messages:
-            latencies.append(now - message["payload"]["sent"])
+            sent.append(message["payload"]["sent"])
+            latencies.append(now - sent[-1])
             unacked.append(message["id"])
         if messages:
             wake.set()
@@ -326,6 +328,12 @@ async def http_end_to_end(
     def percentile(p: float) -> float:
         return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))] * 1000
 
+    # When the slow messages came: in stretches, at the machine's rhythm, or
+    # spread out (steadiness.latency_stretches).
+    first = min(sent, default=0.0)
+    stretches = steadiness.latency_stretches(
+        [(at - first, took) for at, took in zip(sent, latencies, strict=True)]
+    )
     extra = {
         "p50_ms": percentile(50),
         "p90_ms": percentile(90),
@@ -334,6 +342,9 @@ async def http_end_to_end(
         "publish_p50_ms": published.p50_ms,
         "publish_p99_ms": published.p99_ms,
         "wrk_cpu_share": published.cpu_share,
+        "slow_share": stretches["slow_share"],
+        "slow_stretches": stretches["stretches"],
+        "slow_every_s": stretches["every_s"],
     }
     return Result(f"end-to-end at {rate:g} msg/s (HTTP, {consumer})", len(latencies), elapsed, extra)
 

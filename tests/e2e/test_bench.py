@@ -326,6 +326,12 @@ def test_bench_all_runs_every_phase_and_its_exit_status_is_the_verdict(
             rounds = figures[f"{key}_{figure}_rounds"]
             assert len(rounds) == 2, key
             assert min(rounds) <= figures[f"{key}_{figure}"] <= max(rounds), key
+        # When its slow messages came (steadiness.latency_stretches), round by round.
+        assert 0 <= figures[f"{key}_slow_share"] < 0.5, key  # over 2.5x the median: never half of them
+        every = figures[f"{key}_slow_every_s_rounds"]
+        assert len(every) == 2, key
+        assert all(e is None or e > 0 for e in every), key
+    assert "slow-message" in result.stdout  # their row in the table (one word: rich wraps a cell at spaces)
     assert figures["e2e_stream_consumer"] == figures["e2e_fast_stream_consumer"] == "stream"
     assert figures["e2e_consumer"] == figures["e2e_fast_consumer"] == "long-poll"
     # The machine's CPU timed before each end-to-end round (how steady it was).

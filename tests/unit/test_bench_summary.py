@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from fastpubsub.bench.suite import Options, steadiness_row, summary
+from fastpubsub.bench.suite import Options, slow_messages_row, steadiness_row, summary
 from fastpubsub.bench.waiting import publish_rounds
 from fastpubsub.bench.workloads import Result, verify_drained
 from fastpubsub.bench.wrk import WrkResult
@@ -25,10 +25,17 @@ def wrk(requests: int, seconds: float = 10, errors: int = 0, cpu: float = 0.3) -
     return WrkResult(requests, seconds, errors, 0, 5.0, 8.0, 20.0, requests // 2, cpu)
 
 
-def e2e_round(messages: int, seconds: float, p50: float, p99: float) -> Result:
-    """An end-to-end round: `messages` received in `seconds`, with these latency percentiles."""
+def e2e_round(
+    messages: int, seconds: float, p50: float, p99: float, slow: float = 0.02, every: float | None = 1.5
+) -> Result:
+    """An end-to-end round: `messages` received in `seconds`, with these latency percentiles.
+
+    `slow` of its messages took over 2.5 times the median, in stretches `every` s apart
+    (steadiness.latency_stretches).
+    """
     publish = {"publish_p50_ms": 2.0, "publish_p99_ms": 6.0, "wrk_cpu_share": 0.05}
-    return Result("end-to-end", messages, seconds, {"p50_ms": p50, "p99_ms": p99, **publish})
+    stretches = {"slow_share": slow, "slow_stretches": 0 if every is None else 6, "slow_every_s": every}
+    return Result("end-to-end", messages, seconds, {"p50_ms": p50, "p99_ms": p99, **publish, **stretches})
 
 
 def e2e(messages: int, seconds: float, p50: float, p99: float) -> list[Result]:
@@ -143,6 +150,24 @@ def test_the_machines_steadiness_is_reported_round_by_round_and_is_no_target() -
     calm = summary(results(steadiness=[steady(0.0, None, 1.5)] * 3), Options())
     assert steadiness_row(calm, Options())[1] == "0.0% (0.0% / 0.0% / 0.0%); once or never; 1.5x"
     assert calm["targets_met"] is figures["targets_met"] is True
+
+
+def test_when_the_slow_end_to_end_messages_came_is_reported_beside_the_machines_stretches() -> None:
+    rounds = [
+        e2e_round(1500, 15, 3.0, 30.0, slow=0.03, every=1.5),
+        e2e_round(1500, 15, 3.0, 20.0, slow=0.01, every=None),  # one stretch at most: no period
+        e2e_round(1500, 15, 3.0, 26.0, slow=0.05, every=1.7),
+    ]
+    figures = summary(results(e2e=rounds), Options())
+    assert figures["e2e_slow_share"] == 0.03
+    assert figures["e2e_slow_every_s"] == 1.6  # the median of the rounds that had a period
+    assert figures["e2e_slow_every_s_rounds"] == [1.5, None, 1.7]
+    assert figures["e2e_stream_slow_every_s"] == 1.5
+    calm = [e2e_round(20_000, 10, 4.0, 9.0, slow=0.0, every=None)] * 3
+    figures = summary(results(e2e=rounds, e2e_fast=calm), Options())
+    assert figures["e2e_fast_slow_every_s"] is None
+    row = slow_messages_row(figures)
+    assert row[1] == "3.0% every 1.6 s / 2.0% every 1.5 s; 0.0% once or never / 2.0% every 1.5 s"
 
 
 def test_end_to_end_latencies_are_the_medians_of_the_rounds() -> None:
