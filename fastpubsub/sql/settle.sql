@@ -305,14 +305,34 @@ BEGIN
             v_counted := v_counted || s.key;
             v_left := v_left || -cardinality(CASE WHEN g.action = 'ack' THEN v_done ELSE v_dead END)::bigint;
         END IF;
-        IF g.action = 'ack' AND NOT g.by_receipt AND cardinality(g.members) = 1 THEN
-            -- The usual group, one request acking by id: each message it acked
+        IF g.action = 'ack' AND NOT g.by_receipt THEN
+            -- The usual groups, requests acking by id: each message acked
             -- counts once (_ack_rows deletes a row once, however often its id
-            -- came), none is dead-lettered and there are no outcomes, which is
-            -- what the bookkeeping below finds for it, at a fraction of the cost.
-            v_results[g.members[1]] := jsonb_build_object(
-                'done', cardinality(v_done), 'dead', 0, 'outcomes', NULL, 'ready', 0,
-                'streaming', coalesce(s.streaming_until > now(), false));
+            -- came), for the first request of the group that names it; none is
+            -- dead-lettered and there are no outcomes. That is what the
+            -- bookkeeping below finds for them, at a fraction of the cost.
+            IF cardinality(g.members) = 1 THEN
+                v_results[g.members[1]] := jsonb_build_object(
+                    'done', cardinality(v_done), 'dead', 0, 'outcomes', NULL, 'ready', 0,
+                    'streaming', coalesce(s.streaming_until > now(), false));
+                CONTINUE;
+            END IF;
+            v_done_set := coalesce((SELECT jsonb_object_agg(d, true) FROM unnest(v_done) AS d), '{}');
+            FOR r IN
+                SELECT f.member, count(*) AS done
+                FROM (SELECT DISTINCT ON (e.id) e.id, e.member
+                      FROM unnest(v_members, v_items::uuid[]) AS e(member, id)
+                      ORDER BY e.id, e.member) AS f
+                WHERE v_done_set ? f.id::text
+                GROUP BY f.member
+            LOOP
+                v_results[r.member] := jsonb_build_object('done', r.done);
+            END LOOP;
+            FOREACH v_member IN ARRAY g.members LOOP
+                v_results[v_member] := jsonb_build_object(
+                    'done', coalesce((v_results[v_member] ->> 'done')::bigint, 0), 'dead', 0, 'outcomes', NULL,
+                    'ready', 0, 'streaming', coalesce(s.streaming_until > now(), false));
+            END LOOP;
             CONTINUE;
         END IF;
         -- Sets to look items up in (jsonb objects: each lookup a binary search,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from uuid import UUID
 
 import psycopg
@@ -220,6 +221,71 @@ def test_one_ack_alone_counts_each_message_it_acked_once_as_in_a_group(topics: p
         {"done": 0, "dead": 0, "ready": 0, "streaming": True, "outcomes": None}
     ]
     assert [row["payload"] for row in consume_full(topics, "a-all", "w", 10)] == [{"n": 5}]  # the rest gone
+
+
+def test_several_acks_by_id_in_one_group_credit_each_message_to_the_first_request_naming_it(
+    topics: psycopg.Connection,
+) -> None:
+    """Many consumers acking one message each make groups of several ack requests (their own path)."""
+    ((published, _, _),) = publish_batch(
+        topics, [("a", [{"n": i, "country": "BR"} for i in range(8)], False)]
+    )
+    every = {str(message_id) for message_id in published}
+    ids = [str(row["id"]) for row in consume_full(topics, "a-all", "w", 6)]  # two are not leased
+    ids += sorted(every - set(ids))
+    br = [str(row["id"]) for row in consume_full(topics, "a-br", "w", 2)]
+    unknown = "00000000-0000-4000-8000-000000000000"
+    topics.execute("SELECT fastpubsub.touch_stream('a-all')")
+    results = settle_batch(
+        topics,
+        [
+            {"subscription": "a-all", "action": "ack", "ids": [ids[0], ids[0], ids[1]]},  # twice: once
+            {"subscription": "a-br", "action": "ack", "ids": [br[0]]},  # another subscription, between
+            # ids[1] is the first request's; the unknown id acks nothing
+            {"subscription": "a-all", "action": "ack", "ids": [ids[1], ids[2], unknown]},
+            {"subscription": "a-all", "action": "nack", "ids": [ids[3]]},  # another group: its own path
+            {"subscription": "a-all", "action": "ack", "ids": []},
+            {"subscription": "a-br", "action": "ack", "ids": [br[1], br[0]]},
+            {"subscription": "a-all", "action": "ack", "ids": [ids[4], ids[6]]},  # ids[6]: not leased
+        ],
+    )
+    a, b = {"dead": 0, "ready": 0, "streaming": True, "outcomes": None}, {"streaming": False}
+    assert results == [
+        {"done": 2, **a},
+        {"done": 1, **a, **b},
+        {"done": 1, **a},
+        {"done": 1, "dead": 0, "ready": 1, "streaming": True, "outcomes": None},  # backoff 0: due now
+        {"done": 0, **a},
+        {"done": 1, **a, **b},  # br[0] counted for the first request naming it
+        {"done": 1, **a},
+    ]
+    # Left: the nacked one and the two never leased (ids[5] is still leased); of a-br's, all but the two acked.
+    assert {str(row["id"]) for row in consume_full(topics, "a-all", "w", 10)} == {ids[3], ids[6], ids[7]}
+    assert {str(row["id"]) for row in consume_full(topics, "a-br", "w", 10)} == every - set(br)
+
+
+def test_groups_of_acks_count_what_each_request_acked_whatever_the_mix(topics: psycopg.Connection) -> None:
+    """A seeded mix of 60 ack requests, ids repeated within and across them, against a count made here."""
+    rng = random.Random(18)
+    ((published, _, _),) = publish_batch(topics, [("a", [{"n": i} for i in range(120)], False)])
+    held = [str(row["id"]) for row in consume_full(topics, "a-all", "w", 100)]  # 20 not leased
+    waiting = sorted({str(message_id) for message_id in published} - set(held))
+    pool = held + waiting + [str(UUID(int=rng.getrandbits(128), version=4)) for _ in range(10)]
+    requests = [rng.sample(pool, rng.randint(0, 4)) + rng.sample(held, rng.randint(0, 1)) for _ in range(60)]
+    expected, credited = [], set()
+    for request in requests:
+        mine = {i for i in request if i in held and i not in credited}
+        credited |= mine
+        expected.append(len(mine))
+    results = settle_batch(topics, [{"subscription": "a-all", "action": "ack", "ids": r} for r in requests])
+    assert [r["done"] for r in results] == expected
+    assert sum(expected) == len(credited) > 0
+    assert all(r["dead"] == 0 and r["outcomes"] is None and r["ready"] == 0 for r in results)
+    still_held = topics.execute(
+        "SELECT count(*) FROM fastpubsub.deliveries AS d JOIN fastpubsub.subscriptions AS s "
+        "ON s.key = d.subscription_key WHERE s.id = 'a-all' AND d.lease_until IS NOT NULL"
+    ).fetchone()
+    assert still_held == (len(held) - len(credited),)
 
 
 def test_an_unknown_subscription_fails_the_batch(topics: psycopg.Connection) -> None:

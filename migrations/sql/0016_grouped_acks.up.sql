@@ -1,0 +1,8 @@
+-- _settle_batch settles a group of several requests acking by id (what many
+-- consumers acking one message each make of a busy server's group commit)
+-- without the per-item bookkeeping that nacks, extensions and receipts need:
+-- one set of the acked ids and one query that credits each message to the
+-- first request of the group that names it, as the general path does. A group
+-- of four one-id acks costs PostgreSQL about a fifth less.
+--
+-- No table changes. The functions are installed from the source at the head.
