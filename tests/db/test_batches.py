@@ -259,7 +259,7 @@ def test_several_acks_by_id_in_one_group_credit_each_message_to_the_first_reques
         {"done": 1, **a, **b},  # br[0] counted for the first request naming it
         {"done": 1, **a},
     ]
-    # Left: the nacked one and the two never leased (ids[5] is still leased); of a-br's, all but the two acked.
+    # Left: the nacked one and the two never leased (ids[5] is still leased); of a-br's, all but two.
     assert {str(row["id"]) for row in consume_full(topics, "a-all", "w", 10)} == {ids[3], ids[6], ids[7]}
     assert {str(row["id"]) for row in consume_full(topics, "a-br", "w", 10)} == every - set(br)
 
