@@ -717,6 +717,8 @@ def e2e_figures(rounds: list[Result], key: str, rate: float, consumer: str) -> d
         f"{key}_p99_ms_rounds": [round(r.extra["p99_ms"], 2) for r in rounds],
         f"{key}_wrk_cpu_share": round(max(r.extra["wrk_cpu_share"] for r in rounds), 3),
         f"{key}_slow_share": round(float(statistics.median(r.extra["slow_share"] for r in rounds)), 4),
+        f"{key}_slow_share_rounds": [r.extra["slow_share"] for r in rounds],
+        f"{key}_slow_stretches_rounds": [r.extra["slow_stretches"] for r in rounds],
         f"{key}_slow_every_s": round(statistics.median(every), 2) if every else None,
         f"{key}_slow_every_s_rounds": [r.extra["slow_every_s"] for r in rounds],
     }
@@ -759,8 +761,11 @@ def slow_messages_row(f: dict[str, Any]) -> tuple[str, ...]:
 
     return (
         f"  slow-message stretches end to end: the share of messages over {steadiness.SLOW:g}x the round's "
-        "median latency, and how often their stretches began (long-poll / stream, at each rate above)",
-        "; ".join(f"{phase(key)} / {phase(f'{key}_stream')}" for key in ("e2e", "e2e_fast")),
+        "median latency, and how often their stretches began (long-poll / stream)",
+        "; ".join(
+            f"{f[f'{key}_rate']:,g} msg/s: {phase(key)} / {phase(f'{key}_stream')}"
+            for key in ("e2e", "e2e_fast")
+        ),
         "",
         "",
         "",

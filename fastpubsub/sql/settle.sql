@@ -345,7 +345,10 @@ BEGIN
                 SELECT e.member, e.pos, e.item,
                        CASE WHEN g.by_receipt THEN (fastpubsub._receipt_lease(e.item)).message_id
                             ELSE e.item::uuid END AS message_id,
-                       min(e.member) OVER (PARTITION BY e.item) AS first_member
+                       -- (an id by its value: the same message spelt in capitals or without
+                       -- hyphens is still named twice)
+                       min(e.member) OVER (PARTITION BY CASE WHEN g.by_receipt THEN e.item
+                                                             ELSE e.item::uuid::text END) AS first_member
                 FROM unnest(v_members, v_items) WITH ORDINALITY AS e(member, item, pos)
             ), settled AS (
                 SELECT i.member, i.pos, i.message_id,

@@ -3,6 +3,12 @@
 -- without the per-item bookkeeping that nacks, extensions and receipts need:
 -- one set of the acked ids and one query that credits each message to the
 -- first request of the group that names it, as the general path does. A group
--- of four one-id acks costs PostgreSQL about a fifth less.
+-- of four one-id acks costs PostgreSQL about a fifth less (median 458 against
+-- 588 µs of backend CPU).
+--
+-- In the general path (nacks, extensions), an id named by two requests of a
+-- group counts for the first one whatever its spelling: before, an id spelt
+-- in capitals in one request and in lower case in another counted for both
+-- (the rows themselves were settled once).
 --
 -- No table changes. The functions are installed from the source at the head.

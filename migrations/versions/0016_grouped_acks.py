@@ -1,4 +1,4 @@
-"""Several ack requests by id in one group commit cost PostgreSQL less.
+"""Several ack requests by id in one group commit cost PostgreSQL less; an id counts once however spelt.
 
 Revision ID: 0016_grouped_acks
 Revises: 0015_looks_and_acks
@@ -14,7 +14,7 @@ depends_on = None
 
 # The function source (fastpubsub/sql) this revision installs: a test keeps it
 # equal to the files, so that changing a function takes a new revision.
-functions_digest = "146d1e880793127d093a0e05641da4d19e9dbb86e2ba32d65fa14a7c849fea3d"
+functions_digest = "992a081be57c96c3f0ccb6511342710941c6f121a6f6115329b4aeec32d7112a"
 
 
 def upgrade() -> None:

@@ -167,7 +167,11 @@ def test_when_the_slow_end_to_end_messages_came_is_reported_beside_the_machines_
     figures = summary(results(e2e=rounds, e2e_fast=calm), Options())
     assert figures["e2e_fast_slow_every_s"] is None
     row = slow_messages_row(figures)
-    assert row[1] == "3.0% every 1.6 s / 2.0% every 1.5 s; 0.0% once or never / 2.0% every 1.5 s"
+    assert row[1] == (
+        "100 msg/s: 3.0% every 1.6 s / 2.0% every 1.5 s; 2,000 msg/s: 0.0% once or never / 2.0% every 1.5 s"
+    )
+    assert figures["e2e_slow_share_rounds"] == [0.03, 0.01, 0.05]
+    assert figures["e2e_slow_stretches_rounds"] == [6, 0, 6]
 
 
 def test_end_to_end_latencies_are_the_medians_of_the_rounds() -> None:
