@@ -256,6 +256,8 @@ DECLARE
     v_member integer;
     v_counted integer[] := '{}';
     v_left bigint[] := '{}';
+    v_acked bigint[];
+    v_streaming boolean;
 BEGIN
     FOR g IN
         SELECT x.request ->> 'subscription' AS subscription, x.request ->> 'action' AS action,
@@ -268,6 +270,7 @@ BEGIN
         ORDER BY min(x.ord)
     LOOP
         s := fastpubsub._subscription(g.subscription);
+        v_streaming := coalesce(s.streaming_until > now(), false);
         -- Every id or receipt of the group, in request order, and whose it is.
         SELECT coalesce(array_agg(e.item ORDER BY m.ord, e.pos), '{}'),
                coalesce(array_agg(m.member ORDER BY m.ord, e.pos), '{}')
@@ -311,27 +314,25 @@ BEGIN
             -- came), for the first request of the group that names it; none is
             -- dead-lettered and there are no outcomes. That is what the
             -- bookkeeping below finds for them, at a fraction of the cost.
+            v_acked := array_fill(0::bigint, ARRAY[n]);  -- how many each request acked
             IF cardinality(g.members) = 1 THEN
-                v_results[g.members[1]] := jsonb_build_object(
-                    'done', cardinality(v_done), 'dead', 0, 'outcomes', NULL, 'ready', 0,
-                    'streaming', coalesce(s.streaming_until > now(), false));
-                CONTINUE;
+                v_acked[g.members[1]] := cardinality(v_done);
+            ELSE
+                v_done_set := coalesce((SELECT jsonb_object_agg(d, true) FROM unnest(v_done) AS d), '{}');
+                FOR r IN
+                    SELECT f.member, count(*) AS done
+                    FROM (SELECT DISTINCT ON (e.id) e.id, e.member
+                          FROM unnest(v_members, v_items::uuid[]) AS e(member, id)
+                          ORDER BY e.id, e.member) AS f
+                    WHERE v_done_set ? f.id::text
+                    GROUP BY f.member
+                LOOP
+                    v_acked[r.member] := r.done;
+                END LOOP;
             END IF;
-            v_done_set := coalesce((SELECT jsonb_object_agg(d, true) FROM unnest(v_done) AS d), '{}');
-            FOR r IN
-                SELECT f.member, count(*) AS done
-                FROM (SELECT DISTINCT ON (e.id) e.id, e.member
-                      FROM unnest(v_members, v_items::uuid[]) AS e(member, id)
-                      ORDER BY e.id, e.member) AS f
-                WHERE v_done_set ? f.id::text
-                GROUP BY f.member
-            LOOP
-                v_results[r.member] := jsonb_build_object('done', r.done);
-            END LOOP;
             FOREACH v_member IN ARRAY g.members LOOP
                 v_results[v_member] := jsonb_build_object(
-                    'done', coalesce((v_results[v_member] ->> 'done')::bigint, 0), 'dead', 0, 'outcomes', NULL,
-                    'ready', 0, 'streaming', coalesce(s.streaming_until > now(), false));
+                    'done', v_acked[v_member], 'dead', 0, 'outcomes', NULL, 'ready', 0, 'streaming', v_streaming);
             END LOOP;
             CONTINUE;
         END IF;
@@ -375,7 +376,7 @@ BEGIN
         FOREACH v_member IN ARRAY g.members LOOP
             v_results[v_member] := coalesce(v_results[v_member], '{"done": 0, "dead": 0, "outcomes": null}')
                 || jsonb_build_object('ready', CASE WHEN v_member = g.members[1] THEN v_ready ELSE 0 END,
-                                      'streaming', coalesce(s.streaming_until > now(), false));
+                                      'streaming', v_streaming);
         END LOOP;
     END LOOP;
     FOR i IN 1 .. n LOOP

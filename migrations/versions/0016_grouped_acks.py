@@ -14,7 +14,7 @@ depends_on = None
 
 # The function source (fastpubsub/sql) this revision installs: a test keeps it
 # equal to the files, so that changing a function takes a new revision.
-functions_digest = "992a081be57c96c3f0ccb6511342710941c6f121a6f6115329b4aeec32d7112a"
+functions_digest = "8d216771677be5ef0da74cfd550da6c112fa1a1a2a6eab4f8ac3afe9ed099175"
 
 
 def upgrade() -> None:
