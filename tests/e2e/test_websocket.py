@@ -176,6 +176,21 @@ async def test_bad_frames_get_an_error_answer_and_the_socket_stays_open(server: 
             error = await frame(ws)
             assert (error["type"], error["status"]) == ("error", status), (text, error)
             assert detail in json.dumps(error["detail"]), (text, error)
+        # A refused frame's answer repeats its id, whatever made it invalid, so
+        # that a client waiting for that id hears of it; an id that is not one
+        # (true, a list) is not repeated.
+        for refused, request_id in [
+            ({"type": "ack", "receipts": [], "id": 6}, 6),
+            ({"type": "flow", "max_in_flight": 0, "id": "s"}, "s"),
+            ({"type": "dance", "id": 7}, 7),
+            ({"type": "ping", "extra": 1, "id": "p"}, "p"),
+            ({"type": "ping", "id": True}, None),
+            ({"type": "ping", "id": 1.0}, None),
+            ({"type": "ping", "id": [1]}, None),
+        ]:
+            await ws.send(json.dumps(refused))
+            error = await frame(ws)
+            assert (error["type"], error["status"], error["id"]) == ("error", 422, request_id), (refused, error)
         await ws.send(json.dumps({"type": "ping"}))
         assert await frame(ws) == {"type": "pong"}
 
@@ -199,12 +214,31 @@ async def test_the_subscription_route_closes_with_a_code_that_says_why(server: S
         ("/subscriptions/nope/ws", 4404),
         ("/subscriptions/s/ws?max_in_flight=0", 4422),
         ("/subscriptions/s/ws?max_in_flight=many", 4422),
+        # Digits beyond ASCII ("³", "①", Arabic-Indic 3) are not numbers here, as on REST.
+        ("/subscriptions/s/ws?max_in_flight=%C2%B3", 4422),
+        ("/subscriptions/s/ws?max_in_flight=%E2%91%A0", 4422),
+        ("/subscriptions/s/ws?max_in_flight=%D9%A3", 4422),
+        ("/subscriptions/s/ws?max_in_flight=" + "9" * 5000, 4422),
     ]:
         async with open_socket(server, path) as ws:
             with pytest.raises(ConnectionClosed) as closed:
                 await frame(ws)
         assert closed.value.rcvd is not None
         assert closed.value.rcvd.code == code, path
+    reasons = {}
+    for given in ["many", "%C2%B3", "0", "1001", "9" * 30]:
+        async with open_socket(server, f"/subscriptions/s/ws?max_in_flight={given}") as ws:
+            with pytest.raises(ConnectionClosed) as closed:
+                await frame(ws)
+        assert closed.value.rcvd is not None
+        reasons[given] = closed.value.rcvd.reason
+    assert "valid integer" in reasons["many"] and "valid integer" in reasons["%C2%B3"], reasons
+    assert "greater than or equal to 1" in reasons["0"], reasons
+    assert "less than or equal to 1000" in reasons["1001"], reasons
+    assert "less than or equal to 1000" in reasons["9" * 30], reasons
+    # In range, it is taken.
+    async with open_socket(server, "/subscriptions/s/ws?max_in_flight=0007") as ws:
+        assert (await frame(ws))["max_in_flight"] == 7
 
 
 async def test_a_web_page_from_another_origin_cannot_open_a_socket(server: Server) -> None:
@@ -260,6 +294,14 @@ async def test_sockets_are_authenticated_like_the_rest_of_the_api(
             await frame(ws)
     assert closed.value.rcvd is not None
     assert closed.value.rcvd.code == 4403
+    # A first frame that is not a valid auth frame closes the socket as unauthenticated.
+    for first in ['{"type": "auth"}', '{"type": "auth", "token": ""}', '{"type": "ping"}', "[]", "no"]:
+        async with open_socket(server, "/subscriptions/s/ws") as ws:
+            await ws.send(first)
+            with pytest.raises(ConnectionClosed) as closed:
+                await frame(ws)
+        assert closed.value.rcvd is not None
+        assert closed.value.rcvd.code == 4401, first
     assert metrics_with(server, admin)["delivered"] == 0  # nothing was leased to any of them
     # A browser cannot set headers: the token comes in the first frame.
     consumer = token("subscriptions:consume:s")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import secrets
 from typing import Annotated, Any, Literal
 
@@ -71,8 +72,9 @@ DEFAULT_MAX_IN_FLIGHT = 10
 # A subscription that sent nothing for this long is looked up again, so a deleted one ends its stream.
 IDLE_CHECK_SECONDS = 10.0
 MAX_IN_FLIGHT = 1000
+_DIGITS = re.compile(r"[0-9]+")
 
-RequestId = Annotated[str | int | None, Field(default=None, description="Repeated in the answer")]
+RequestId = Annotated[str | StrictInt | None, Field(default=None, description="Repeated in the answer")]
 InFlight = Annotated[StrictInt, Field(ge=1, le=MAX_IN_FLIGHT)]
 
 
@@ -222,7 +224,10 @@ class Connection:
                     text = await self._receive()
             except TimeoutError:
                 raise _Closed(CLOSE_UNAUTHENTICATED, "no auth frame came: send the token first") from None
-            frame = _parse(text)
+            try:
+                frame = _parse(text)
+            except RequestValidationError:
+                frame = None
             if not isinstance(frame, Auth):
                 raise AuthenticationError('the first frame must be {"type": "auth", "token": "..."}')
             self.principal = await authenticate(self.state, f"Bearer {frame.token}")
@@ -233,8 +238,9 @@ class Connection:
     async def _handle(self, text: str) -> None:
         request_id: Any = None
         try:
-            frame = _parse(text)
-            request_id = frame.id
+            value = _decode(text)
+            request_id = _request_id(value)  # repeated even when the frame is refused
+            frame = _validate(value)
             await self._dispatch(frame)
         except FastPubSubError as exc:
             await self.send(
@@ -414,11 +420,27 @@ class Connection:
         await self._close(CLOSE_GOING_AWAY, "the server is stopping")
 
 
-def _parse(text: str) -> Frame:
+def _decode(text: str) -> Any:
     try:
-        value = jsoncodec.loads(text)
+        return jsoncodec.loads(text)
     except ValueError as exc:
         raise InvalidInputError(f"a frame must be a JSON object: {exc}") from None
+
+
+def _parse(text: str) -> Frame:
+    return _validate(_decode(text))
+
+
+def _request_id(value: Any) -> str | int | None:
+    """The frame's `id` when it is one a frame may carry (a string or an integer), else None."""
+    if isinstance(value, dict):
+        given = value.get("id")
+        if isinstance(given, str | int) and not isinstance(given, bool):
+            return given
+    return None
+
+
+def _validate(value: Any) -> Frame:
     try:
         return _FRAME.validate_python(value)
     except ValidationError as exc:
@@ -431,7 +453,14 @@ def _query_subscribe(websocket: WebSocket, subscription_id: str) -> Subscribe:
     if "consumer_id" in query:
         values["consumer_id"] = query["consumer_id"][: MAX_CONSUMER_ID_LENGTH + 1]
     if "max_in_flight" in query:
-        values["max_in_flight"] = int(query["max_in_flight"]) if query["max_in_flight"].isdigit() else -1
+        given = query["max_in_flight"]
+        # ASCII digits only (str.isdigit takes "³" too, which int() refuses); a
+        # number too long for any limit is simply over it, anything else is not a
+        # whole number, as Subscribe says.
+        if _DIGITS.fullmatch(given):
+            values["max_in_flight"] = int(given) if len(given) <= 9 else MAX_IN_FLIGHT + 1
+        else:
+            values["max_in_flight"] = given
     return Subscribe.model_validate(values)
 
 
