@@ -190,7 +190,8 @@ async def test_bad_frames_get_an_error_answer_and_the_socket_stays_open(server: 
         ]:
             await ws.send(json.dumps(refused))
             error = await frame(ws)
-            assert (error["type"], error["status"], error["id"]) == ("error", 422, request_id), (refused, error)
+            assert (error["type"], error["status"]) == ("error", 422), (refused, error)
+            assert error["id"] == request_id, (refused, error)
         await ws.send(json.dumps({"type": "ping"}))
         assert await frame(ws) == {"type": "pong"}
 
@@ -232,7 +233,8 @@ async def test_the_subscription_route_closes_with_a_code_that_says_why(server: S
                 await frame(ws)
         assert closed.value.rcvd is not None
         reasons[given] = closed.value.rcvd.reason
-    assert "valid integer" in reasons["many"] and "valid integer" in reasons["%C2%B3"], reasons
+    assert "valid integer" in reasons["many"], reasons
+    assert "valid integer" in reasons["%C2%B3"], reasons
     assert "greater than or equal to 1" in reasons["0"], reasons
     assert "less than or equal to 1000" in reasons["1001"], reasons
     assert "less than or equal to 1000" in reasons["9" * 30], reasons
