@@ -274,8 +274,13 @@ BEGIN
             v_dropped := fastpubsub._drop_oldest(s, v_excess);
         END IF;
         IF v_excess > v_dropped THEN
-            RAISE EXCEPTION 'subscription "%" is full: % messages in its backlog, max_backlog %, % more published; '
-                            'nothing was published', s.id, v_backlog - v_dropped, s.max_backlog, r.n
+            -- What the backlog held before this publish (nothing of it is dropped
+            -- in the end: the publish fails as a whole).
+            RAISE EXCEPTION 'subscription "%" is full: % messages in its backlog, max_backlog %, % more published%; '
+                            'nothing was published', s.id, v_backlog, s.max_backlog, r.n,
+                            CASE WHEN s.backlog_policy = 'drop_oldest'
+                                 THEN format(', and only %s could be dropped (leased ones never are)', v_dropped)
+                                 ELSE '' END
                 USING ERRCODE = 'FP429', DETAIL = s.id;
         END IF;
         PERFORM fastpubsub._count(r.key, r.n - v_dropped, 0, v_dropped);

@@ -293,7 +293,10 @@ async def test_a_full_subscription_with_reject_refuses_the_whole_publish_naming_
     assert (await api.post("/topics/t/messages", json=[{"n": 1}, {"n": 2}])).status_code == 204
     refused = await api.post("/topics/t/messages", json=[{"n": 3}, {"n": 4}])
     assert refused.status_code == 429
-    assert 'subscription "s"' in refused.json()["detail"]
+    assert refused.json()["detail"] == (
+        'subscription "s" is full: 2 messages in its backlog, max_backlog 3, 2 more published; '
+        "nothing was published"
+    )
     assert (await envelopes(api, {"payload": {"n": 3}}, {"payload": {"n": 4}})).status_code == 429
     # nothing of the refused publishes was stored, for anyone
     assert conn.execute("SELECT count(*) FROM fastpubsub.messages").fetchone() == (2,)
@@ -333,9 +336,22 @@ async def test_drop_oldest_makes_room_dropping_the_oldest_waiting_messages(api: 
     assert (await envelopes(api, {"payload": {"n": 9}, "priority": 9})).status_code == 201
     # four for three places: the oldest waiting message of the lowest priority made room
     assert [m["payload"]["n"] for m in (await api.get("/subscriptions/s/peek")).json()["data"]] == [9, 1, 2]
+    # more than every waiting message could make room for: refused, saying what was there
+    refused = await api.post("/topics/t/messages", json=[{"n": n} for n in range(5)])
+    assert refused.status_code == 429
+    assert refused.json()["detail"] == (
+        'subscription "s" is full: 3 messages in its backlog, max_backlog 3, 5 more published, '
+        "and only 3 could be dropped (leased ones never are); nothing was published"
+    )
+    assert [m["payload"]["n"] for m in (await api.get("/subscriptions/s/peek")).json()["data"]] == [9, 1, 2]
     leased = await consume(api, batch_size=3)
     # every place is in flight: nothing can be dropped, so the publish is refused
-    assert (await api.post("/topics/t/messages", json=[{"n": 10}])).status_code == 429
+    refused = await api.post("/topics/t/messages", json=[{"n": 10}])
+    assert refused.status_code == 429
+    assert refused.json()["detail"] == (
+        'subscription "s" is full: 3 messages in its backlog, max_backlog 3, 1 more published, '
+        "and only 0 could be dropped (leased ones never are); nothing was published"
+    )
     await api.post("/subscriptions/s/acks", json=[m["id"] for m in leased])
     assert (await api.post("/topics/t/messages", json=[{"n": 10}])).status_code == 204
     metrics = (await api.get("/subscriptions/s/metrics")).json()
@@ -383,11 +399,17 @@ async def test_a_new_subscription_can_start_from_the_earliest_retained_message_o
     assert earliest.json()["backfilling"] is False  # small: complete when answered
     since = await api.post("/subscriptions", json={"id": "since", "topic_id": "t", "start": middle})
     assert since.status_code == 201, since.text
+    # A time before any message (before 1970 even) starts from the earliest.
+    ancient = await api.post(
+        "/subscriptions", json={"id": "ancient", "topic_id": "t", "start": "1900-01-01T00:00:00Z"}
+    )
+    assert ancient.status_code == 201, ancient.text
     await api.post("/topics/t/messages", json=[{"n": 4, "kind": "a"}])
 
     assert [m["payload"]["n"] for m in await consume(api, "latest")] == [4]
     assert [m["payload"]["n"] for m in await consume(api, "earliest")] == [1, 3, 4]  # the filter holds
     assert [m["payload"]["n"] for m in await consume(api, "since")] == [2, 3, 4]
+    assert [m["payload"]["n"] for m in await consume(api, "ancient")] == [1, 2, 3, 4]
     for bad in ("yesterday", 12, "2026-01-01T00:00:00"):
         response = await api.post("/subscriptions", json={"id": "bad", "topic_id": "t", "start": bad})
         assert response.status_code == 422, bad

@@ -64,6 +64,27 @@ def test_seek_to_a_time_between_two_messages(history: dict) -> None:
     assert [row[0] for row in consume(conn, "s", "w", 10)] == ids[4:]
 
 
+@pytest.mark.parametrize(
+    "when",
+    ["1970-01-01T00:00:00.001Z", "1969-12-31T23:59:59Z", "1900-06-01T00:00:00Z", "0001-01-01T00:00:00Z"],
+)
+def test_seek_to_a_time_before_1970_replays_everything_retained(history: dict, when: str) -> None:
+    conn, ids = history["conn"], history["ids"]
+    assert seek(conn, "s", when) == (6, 0)
+    assert sorted(row[0] for row in consume(conn, "s", "w", 10)) == sorted(ids)
+
+
+def test_a_time_before_1970_bounds_message_ids_by_the_smallest_of_all(conn: psycopg.Connection) -> None:
+    # A message id counts time from 1970 (the smallest id of all at 0).
+    floors = [
+        conn.execute("SELECT fastpubsub._message_id_floor(%s)::text", (when,)).fetchone()[0]
+        for when in ["0001-01-01T00:00:00Z", "1969-12-31T23:59:59.999Z", "1970-01-01T00:00:00Z"]
+    ]
+    assert floors == ["00000000-0000-7000-0000-000000000000"] * 3
+    later = conn.execute("SELECT fastpubsub._message_id_floor('1970-01-01T00:00:01Z')::text").fetchone()[0]
+    assert later > floors[0]
+
+
 def test_seek_after_everything_acks_all_pending(history: dict) -> None:
     conn = history["conn"]
     assert seek(conn, "s", "2999-01-01T00:00:00Z") == (0, 4)

@@ -1,0 +1,11 @@
+-- _message_id_floor turns a time before 1970 into the smallest message id of
+-- all. It counted the time from 1970 and a negative count made the largest id
+-- instead, so a seek to such a time (or a subscription starting from one)
+-- replayed nothing where it should replay everything retained.
+--
+-- _make_room's refusal (FP429) names what the subscription's backlog held
+-- before the publish and, under backlog_policy drop_oldest, how many of its
+-- messages could be dropped: it said "0 messages in its backlog" when every
+-- waiting message could be dropped and still not make room.
+--
+-- No table changes. The functions are installed from the source at the head.
