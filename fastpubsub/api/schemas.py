@@ -19,11 +19,13 @@ from pydantic import (
     Field,
     Strict,
     StringConstraints,
+    field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from fastpubsub import jsoncodec
-from fastpubsub.scopes import MAX_SCOPES, MAX_SCOPES_LENGTH, SCOPES_PATTERN
+from fastpubsub.scopes import MAX_SCOPES, MAX_SCOPES_LENGTH, SCOPES_PATTERN, scopes_problem
 
 T = TypeVar("T")
 
@@ -573,6 +575,14 @@ class _ClientFields(Body):
         description=f"Space-separated scopes, e.g. 'topics:publish:orders subscriptions:read' "
         f"(at most {MAX_SCOPES} scopes, {MAX_SCOPES_LENGTH} characters)",
     )
+
+    @field_validator("scopes", mode="before")
+    @classmethod
+    def _name_the_scope_at_fault(cls, value: Any) -> Any:
+        # Before the pattern, whose own message would quote all of it.
+        if isinstance(value, str) and (problem := scopes_problem(value)) is not None:
+            raise PydanticCustomError("scopes", problem)
+        return value
 
 
 class ClientCreate(_ClientFields):

@@ -349,13 +349,34 @@ async def test_clients_cannot_grant_scopes_they_do_not_hold(
     assert update.status_code == 403
 
 
-@pytest.mark.parametrize("scopes", ["", "topics:fly", "nothing", "topics:read:bad id", "topics:read:a:b"])
-async def test_client_scopes_are_validated(secured: httpx.AsyncClient, bearer: Bearer, scopes: str) -> None:
+@pytest.mark.parametrize(
+    ("scopes", "problem"),
+    [
+        ("", "scopes must not be empty"),
+        ("topics:fly", 'unknown scope "topics:fly"'),
+        ("nothing", 'unknown scope "nothing"'),
+        ("topics:read TOPICS:READ", 'unknown scope "TOPICS:READ"'),
+        ("topics:read:bad id", 'unknown scope "id"'),
+        ("topics:read:a:b", 'unknown scope "topics:read:a:b"'),
+        ("topics:read:*", 'scope "topics:read:*" names an invalid object id'),
+        ("subscriptions:read topics:read:\u00e9", 'scope "topics:read:\u00e9" names an invalid object id'),
+    ],
+)
+async def test_client_scopes_are_validated_naming_the_scope_at_fault(
+    secured: httpx.AsyncClient, bearer: Bearer, scopes: str, problem: str
+) -> None:
     admin = await bearer("*")
-    response = await secured.post(
+    created = await secured.post(
         "/clients", json={"name": "x", "scopes": scopes, "is_active": True}, headers=admin
     )
-    assert response.status_code == 422
+    assert created.status_code == 422
+    assert created.json()["detail"] == [{"loc": ["body", "scopes"], "msg": problem, "type": "scopes"}]
+    client = await secured.post("/clients", json={"name": "y", "scopes": "topics:read"}, headers=admin)
+    updated = await secured.put(
+        f"/clients/{client.json()['id']}", json={"name": "y", "scopes": scopes}, headers=admin
+    )
+    assert updated.status_code == 422
+    assert updated.json()["detail"] == [{"loc": ["body", "scopes"], "msg": problem, "type": "scopes"}]
 
 
 async def test_client_crud(secured: httpx.AsyncClient, bearer: Bearer) -> None:
