@@ -271,10 +271,13 @@ BEGIN
                                     where_key USING ERRCODE = 'FP422';
                             END IF;
                             words := string_to_array(op.value #>> '{}', '.');
+                            IF '' = ANY (words) THEN
+                                RAISE EXCEPTION '%: a $match pattern has no empty words (a dot at either end, '
+                                                'or two in a row)', where_key USING ERRCODE = 'FP422';
+                            END IF;
                             IF EXISTS (SELECT 1 FROM unnest(words) AS w(word)
-                                       WHERE w.word = '' OR (w.word <> '*' AND w.word <> '#'
-                                                             AND (position('*' IN w.word) > 0
-                                                                  OR position('#' IN w.word) > 0))) THEN
+                                       WHERE w.word <> '*' AND w.word <> '#'
+                                         AND (position('*' IN w.word) > 0 OR position('#' IN w.word) > 0)) THEN
                                 RAISE EXCEPTION '%: in $match, * and # must be whole dot-separated words',
                                     where_key USING ERRCODE = 'FP422';
                             END IF;

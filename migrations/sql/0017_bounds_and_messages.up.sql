@@ -8,4 +8,7 @@
 -- messages could be dropped: it said "0 messages in its backlog" when every
 -- waiting message could be dropped and still not make room.
 --
+-- _validate_filter_node refuses a $match pattern with an empty word ("a..b",
+-- ".a", "a.") saying so: it said * and # must be whole words.
+--
 -- No table changes. The functions are installed from the source at the head.

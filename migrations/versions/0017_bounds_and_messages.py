@@ -14,7 +14,7 @@ depends_on = None
 
 # The function source (fastpubsub/sql) this revision installs: a test keeps it
 # equal to the files, so that changing a function takes a new revision.
-functions_digest = "238de8c806ea1bec062f8f01deddeb120a3dc74cf3aa538ce994af1ae7a44396"
+functions_digest = "f5e0d655fd60475989596c6069a53534057368bd3d6a5874c6feb34b2c64c76a"
 
 
 def upgrade() -> None:

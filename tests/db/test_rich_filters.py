@@ -7,7 +7,12 @@ import pytest
 
 from tests.db.sql import consume, create_subscription, create_topic, publish_envelopes
 
-ORDER = {"event": "order.created", "amount": 120, "user": {"country": "BR", "tags": ["vip"]}, "note": None}
+ORDER = {
+    "event": "order.created",
+    "amount": 120,
+    "user": {"country": "BR", "tags": ["vip", "new"]},
+    "note": None,
+}
 
 
 def routed(conn: psycopg.Connection, filter: dict, payload: dict, attributes: dict | None = None) -> bool:
@@ -27,6 +32,9 @@ def routed(conn: psycopg.Connection, filter: dict, payload: dict, attributes: di
         ({"user.country": ["US"]}, False),
         ({"user.city": ["BR"]}, False),
         ({"user.tags.0": ["vip"]}, True),
+        ({"user.tags.-1": ["new"]}, True),  # from the end
+        ({"user.tags.01": ["new"]}, True),  # a position is a number
+        ({"user.tags.5": ["vip"]}, False),
         ({"event": {"$in": ["order.created", "order.paid"]}}, True),
         ({"event": {"$in": ["order.paid"]}}, False),
         ({"event": {"$nin": ["order.paid"]}}, True),
@@ -95,6 +103,9 @@ def test_attribute_filters(
         ({"a": {"$prefix": 1}}, 'filter key "a": $prefix needs a string'),
         ({"a": {"$match": "or*der"}}, 'filter key "a": in $match, * and # must be whole'),
         ({"a": {"$match": ""}}, 'filter key "a": $match needs a pattern'),
+        ({"a": {"$match": "a..b"}}, 'filter key "a": a $match pattern has no empty words'),
+        ({"a": {"$match": ".a"}}, 'filter key "a": a $match pattern has no empty words'),
+        ({"a": {"$match": "a.#."}}, 'filter key "a": a $match pattern has no empty words'),
         ({"a": {"$regex": "x"}}, 'filter key "a": unknown operator "$regex"'),
         ({"$xor": []}, 'filter key "$xor": unknown operator'),
         ({"$or": []}, 'filter key "$or": $or needs a non-empty array of filters'),
@@ -157,6 +168,10 @@ def test_seed_filters_take_the_inline_path(conn: psycopg.Connection) -> None:
         ("#.#", "", True),
         ("#", "anything.at.all", True),
         ("*", "", False),
+        # A value's words may be empty; the empty string has none.
+        ("a.*.c", "a..c", True),
+        ("order.*", "order.", True),
+        ("#", "", True),
     ],
 )
 def test_match_follows_amqp_topic_rules(
