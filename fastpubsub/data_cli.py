@@ -11,6 +11,7 @@ imported by each command, so that `fastpubsub --help` stays quick.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
@@ -545,10 +546,14 @@ def publish(
         "ttl_seconds": ttl,
     }
     ids: list[str] = []
+    # Messages the server refused: each with its line, and the error (shared by a batch's messages).
+    refused: list[tuple[int, BaseException]] = []
+    stopped: list[str] = []  # why reading stopped early: a line that is not a JSON object
+    read = [0, False]  # the last line read, and whether reading stopped before the end
 
     async def lines() -> Any:
         if message != "-":
-            yield "the message", message
+            yield 0, "the message", message
             return
         loop = asyncio.get_running_loop()
         number = 0
@@ -556,40 +561,94 @@ def publish(
         while line := await loop.run_in_executor(None, sys.stdin.readline):
             number += 1
             if line.strip():
-                yield f"line {number}", line
+                yield number, f"line {number}", line
 
     async def work(client: AsyncClient) -> None:
-        pending: deque[asyncio.Future[Any]] = deque()
+        pending: deque[tuple[int, asyncio.Future[Any]]] = deque()
 
-        def show_done() -> None:
-            while pending and pending[0].done():
-                ids.append(str(pending.popleft().result()))
-                if not as_json:
-                    typer.echo(ids[-1])
+        def settle() -> None:
+            """Take the answered messages in order: print the ids, note the refused."""
+            while pending and pending[0][1].done():
+                number, future = pending.popleft()
+                if (exc := future.exception()) is not None:
+                    refused.append((number, exc))
+                else:
+                    ids.append(str(future.result()))
+                    if not as_json:
+                        typer.echo(ids[-1])
 
         async with AsyncPublisher(client) as publisher:
-            async for what, text in lines():
+            async for number, what, text in lines():
+                read[0] = number
                 try:
-                    pending.append(publisher.publish(topic_id, _payload(text, what), **options))
+                    pending.append((number, publisher.publish(topic_id, _payload(text, what), **options)))
                 except (InvalidInputError, ValueError, TypeError) as exc:
-                    await publisher.flush()
-                    show_done()
                     problem = " ".join(str(exc).split())
-                    if not isinstance(exc, InvalidInputError):
-                        problem = f"{what}: {problem}"
-                    if ids:
-                        verb = "was" if len(ids) == 1 else "were"
-                        problem += f"; the {_count(len(ids), 'message')} before it {verb} published"
-                    raise InvalidInputError(problem) from None
-                show_done()
-        for future in pending:
-            ids.append(str(await future))
-            if not as_json:
-                typer.echo(ids[-1])
+                    stopped.append(problem if isinstance(exc, InvalidInputError) else f"{what}: {problem}")
+                    read[1] = True
+                    break
+                settle()
+                if refused:  # stop reading; what was read already is still sent
+                    read[1] = True
+                    break
+        settle()  # leaving the publisher answered everything
 
-    _call(url, work)
-    if as_json:
-        typer.echo(_dump({"message_ids": ids}))
+    answered = False
+    try:
+        _call(url, work)
+        answered = True
+    finally:
+        # What was published is printed, even when something failed after it.
+        if as_json and (ids or answered):
+            typer.echo(_dump({"message_ids": ids}))
+    if refused or stopped:
+        raise _publish_failure(message == "-", len(ids), refused, stopped, read[0] if read[1] else None)
+
+
+def _publish_failure(
+    from_stdin: bool,
+    published: int,
+    refused: list[tuple[int, BaseException]],
+    stopped: list[str],
+    last_read: int | None,
+) -> typer.Exit:
+    """One line for a publish that did not publish everything: what failed, and what was published."""
+    if refused:
+        first = refused[0][1]
+        problem, code = cli.describe_error(first)
+        if from_stdin:
+            # The server counts a message's place in its request ("message at index 2"): name its line.
+            batch = [number for number, exc in refused if exc is first]
+            place = re.match(r"message at index (\d+)\b", problem)
+            if place is not None and int(place[1]) < len(batch):
+                problem = f"the message of line {batch[int(place[1])]}" + problem[place.end() :]
+            problem = problem.removesuffix("; nothing was published")
+            problem += f"; not published: {_lines([number for number, _ in refused])}"
+    else:
+        problem, code = stopped[0], cli.EXIT_CODES[InvalidInputError]
+    if stopped and refused:
+        problem += f"; {stopped[0]}"
+    if from_stdin:
+        verb = "was" if published == 1 else "were"
+        if refused:
+            if last_read is not None:
+                problem += f"; reading stopped at line {last_read}"
+            problem += f"; {_count(published, 'message')} {verb} published (ids printed)"
+        else:  # a bad line stopped it: everything before it was published
+            problem += f"; the {_count(published, 'message')} before it {verb} published"
+    return cli.fail(problem, code)
+
+
+def _lines(numbers: list[int]) -> str:
+    """Line numbers as ranges: "lines 3-5, 9" (or "line 3")."""
+    ranges: list[list[int]] = []
+    for number in sorted(numbers):
+        if ranges and number == ranges[-1][1] + 1:
+            ranges[-1][1] = number
+        else:
+            ranges.append([number, number])
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
+    return f"line {text}" if len(numbers) == 1 else f"lines {text}"
 
 
 def pull(

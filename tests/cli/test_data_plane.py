@@ -210,6 +210,63 @@ def test_a_bad_stdin_line_stops_after_publishing_what_came_before(invoke: Invoke
     assert json.loads(ok(invoke("subscriptions", "metrics", "s", "--json")))["available"] == 2
 
 
+def test_a_bad_stdin_line_with_json_still_prints_the_ids_published(invoke: Invoke) -> None:
+    ok(invoke("topics", "create", "t"))
+    result = invoke("publish", "t", "--json", stdin='{"n": 1}\n{bad\n{"n": 3}\n')
+    assert result.exit_code == 2
+    assert len(json.loads(result.stdout)["message_ids"]) == 1
+    assert result.stderr.startswith("error: line 2 is not JSON: ")
+    assert result.stderr.endswith("; the 1 message before it was published\n")
+
+
+def test_a_refused_request_from_stdin_names_the_lines_not_published_and_loses_nothing(invoke: Invoke) -> None:
+    """A message over the server's limit fails its whole request: the command says which lines, where
+    it stopped reading, and prints the id of every message that was published, before or after."""
+    ok(invoke("topics", "create", "t"))
+    ok(invoke("subscriptions", "create", "s", "--topic", "t"))
+    lines = [json.dumps({"n": n, "pad": "x" * (300_000 if n == 151 else 10)}) for n in range(1, 301)]
+    result = invoke("publish", "t", stdin="\n".join(lines) + "\n")
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert "never retrieved" not in result.output
+    assert result.stderr.count("\n") == 1, result.stderr
+    refused = re.fullmatch(
+        r"error: the message of line 151 is 30\d{4} bytes, above the limit of 262144; "
+        r"not published: lines (\d+)-(\d+)(?:; reading stopped at line (\d+))?; "
+        r"(\d+) messages were published \(ids printed\)\n",
+        result.stderr,
+    )
+    assert refused is not None, result.stderr
+    first, last = int(refused[1]), int(refused[2])
+    read = int(refused[3]) if refused[3] else 300
+    published = int(refused[4])
+    assert first <= 151 <= last
+    ids = result.stdout.splitlines()
+    assert len(ids) == published
+    assert all(UUID_LINE.match(line) for line in ids)
+    # Exactly the lines read and not refused were published, each once.
+    pulled = json.loads(ok(invoke("pull", "s", "--max", "100", "--ack", "--json")))
+    while batch := json.loads(ok(invoke("pull", "s", "--max", "100", "--ack", "--json"))):
+        pulled += batch
+    expected = [n for n in range(1, read + 1) if not first <= n <= last]
+    assert sorted(m["payload"]["n"] for m in pulled) == expected
+    assert sorted(m["id"] for m in pulled) == sorted(ids)
+
+
+def test_a_full_subscription_stops_a_stdin_publish_in_one_line(invoke: Invoke) -> None:
+    ok(invoke("topics", "create", "t"))
+    ok(invoke("subscriptions", "create", "s", "--topic", "t", "--max-backlog", "3"))
+    result = invoke("publish", "t", stdin="".join(json.dumps({"n": n}) + "\n" for n in range(5)))
+    assert result.exit_code == 8, result.output
+    assert "Traceback" not in result.output
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith('error: subscription "s" is full: '), result.stderr
+    published = int(re.search(r"; (\d+) messages? (?:was|were) published \(ids printed\)$", result.stderr)[1])
+    assert len(result.stdout.splitlines()) == published <= 3
+    metrics = json.loads(ok(invoke("subscriptions", "metrics", "s", "--json")))
+    assert metrics["available"] == published
+
+
 def test_an_unreachable_server_exits_5(invoke: Invoke) -> None:
     result = invoke("topics", "list", api_url=f"http://127.0.0.1:{free_port()}")
     assert result.exit_code == 5
