@@ -21,6 +21,7 @@ from typing import Annotated, Any, TypeVar
 from uuid import UUID
 
 import typer
+from pydantic import ValidationError
 from typer.core import TyperGroup
 
 from fastpubsub.dev import DevServer
@@ -39,7 +40,7 @@ from fastpubsub.exceptions import (
     ServerUnavailableError,
     StatementTimeoutError,
 )
-from fastpubsub.settings import Settings, get_settings
+from fastpubsub.settings import MAX_SQL_INTEGER, Settings, describe_invalid, get_settings
 
 T = TypeVar("T")
 
@@ -183,7 +184,9 @@ def run(coro_factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
 def _settings() -> Settings:
     try:
         return get_settings()
-    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+    except ValidationError as exc:
+        raise fail(f"invalid configuration: {describe_invalid(exc)}", 6) from None
+    except ValueError as exc:
         raise fail(f"invalid configuration: {exc}".replace("\n", " "), 6) from None
 
 
@@ -553,7 +556,9 @@ def push_worker(
 def cleanup_acked_messages(
     older_than: Annotated[
         int | None,
-        typer.Option(min=0, help="Seconds [FASTPUBSUB_CLEANUP_ACKED_MESSAGES_OLDER_THAN_SECONDS]"),
+        typer.Option(
+            min=0, max=MAX_SQL_INTEGER, help="Seconds [FASTPUBSUB_CLEANUP_ACKED_MESSAGES_OLDER_THAN_SECONDS]"
+        ),
     ] = None,
     batch_size: Annotated[
         int | None,
@@ -583,7 +588,11 @@ def cleanup_acked_messages(
 def cleanup_stuck_messages(
     lock_timeout: Annotated[
         int | None,
-        typer.Option(min=0, help="Seconds [FASTPUBSUB_CLEANUP_STUCK_MESSAGES_LOCK_TIMEOUT_SECONDS]"),
+        typer.Option(
+            min=0,
+            max=MAX_SQL_INTEGER,
+            help="Seconds [FASTPUBSUB_CLEANUP_STUCK_MESSAGES_LOCK_TIMEOUT_SECONDS]",
+        ),
     ] = None,
 ) -> None:
     """End leases that ran out and were taken longer ago than the lock timeout (never a live one)."""

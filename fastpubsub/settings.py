@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fastpubsub.exceptions import ConfigurationError
@@ -27,6 +27,9 @@ _PLACEHOLDER_SECRETS = {
 # Words that mark a value as an example to replace (deploy/kubernetes/secret.example.yaml
 # ships `CHANGE-ME-use-fastpubsub-generate-secret-key`); compared case-insensitively.
 _PLACEHOLDER_WORDS = ("change-me", "changeme", "change_me", "example", "placeholder")
+# The largest value PostgreSQL takes for an integer (the SQL functions' seconds,
+# statement_timeout's milliseconds).
+MAX_SQL_INTEGER = 2_147_483_647
 
 
 class Settings(BaseSettings):
@@ -48,7 +51,7 @@ class Settings(BaseSettings):
         "connections are detected and replaced without it)",
     )
     database_statement_timeout_ms: int = Field(
-        default=30000, ge=0, description="Server-side limit for one statement (0 = none)"
+        default=30000, ge=0, le=MAX_SQL_INTEGER, description="Server-side limit for one statement (0 = none)"
     )
     embedded_data_dir: Path = Field(
         default=Path(".fastpubsub"), description="Where the embedded PostgreSQL keeps its data"
@@ -187,11 +190,15 @@ class Settings(BaseSettings):
 
     # Cleanup jobs
     cleanup_acked_messages_older_than_seconds: int = Field(
-        default=3600, ge=0, description="Acked deliveries (and retention for replay) older than this go"
+        default=3600,
+        ge=0,
+        le=MAX_SQL_INTEGER,
+        description="Acked deliveries (and retention for replay) older than this go",
     )
     cleanup_stuck_messages_lock_timeout_seconds: int = Field(
         default=60,
         ge=0,
+        le=MAX_SQL_INTEGER,
         description="Leases that ran out and were taken longer ago than this end (never a live one)",
     )
     cleanup_batch_size: int = Field(
@@ -288,6 +295,25 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(name).is_loopback
     except ValueError:
         return False
+
+
+def describe_invalid(exc: ValidationError) -> str:
+    """One line naming each setting at fault by its variable, e.g. `FASTPUBSUB_API_PORT=70000: ...`."""
+    problems = []
+    for error in exc.errors(include_url=False):
+        message = str(error["msg"]).removeprefix("Value error, ")
+        if error["loc"]:
+            name = f"FASTPUBSUB_{str(error['loc'][0]).upper()}"
+            given = error.get("input")
+            # The value too, unless it may be a credential (a URL may hold a password).
+            if isinstance(given, str | int | float | bool) and not any(
+                word in name for word in ("SECRET", "URL", "TOKEN", "KEY", "PASSWORD")
+            ):
+                shown = str(given)
+                name += f"={shown if len(shown) <= 60 else shown[:57] + '...'}"
+            message = f"{name}: {message}"
+        problems.append(message)
+    return "; ".join(problems)
 
 
 @lru_cache(maxsize=1)

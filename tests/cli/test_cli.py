@@ -243,7 +243,47 @@ def test_cleanup_stuck_says_what_it_did(invoke: Invoke, database_url: str) -> No
 def test_cleanup_defaults_come_from_settings(invoke: Invoke) -> None:
     result = invoke("cleanup-acked-messages", cleanup_acked_messages_older_than_seconds="-5")
     assert result.exit_code == 6
-    assert "invalid configuration" in result.stderr
+    assert result.stderr == (
+        "error: invalid configuration: FASTPUBSUB_CLEANUP_ACKED_MESSAGES_OLDER_THAN_SECONDS=-5: "
+        "Input should be greater than or equal to 0\n"
+    )
+
+
+def test_invalid_settings_are_named_by_their_variables_in_one_line(invoke: Invoke) -> None:
+    result = invoke(
+        "list-clients",
+        cleanup_batch_size="abc",
+        database_statement_timeout_ms="99999999999",
+        auth_secret_key="x" * 10,
+        auth_enabled="maybe",
+    )
+    assert result.exit_code == 6
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("error: invalid configuration: "), result.stderr
+    for named in (
+        "FASTPUBSUB_CLEANUP_BATCH_SIZE=abc: Input should be a valid integer",
+        "FASTPUBSUB_DATABASE_STATEMENT_TIMEOUT_MS=99999999999: Input should be less than or equal to "
+        "2147483647",
+        "FASTPUBSUB_AUTH_ENABLED=maybe: Input should be a valid boolean",
+    ):
+        assert named in result.stderr, result.stderr
+    assert "pydantic" not in result.stderr
+    assert "xxxxxxxxxx" not in result.stderr  # a secret is never echoed
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("cleanup-stuck-messages", "--lock-timeout", "2147483648"),
+        ("cleanup-acked-messages", "--older-than", "99999999999999999999"),
+    ],
+)
+def test_cleanup_values_beyond_what_postgresql_takes_are_usage_errors(
+    invoke: Invoke, args: tuple[str, ...]
+) -> None:
+    result = invoke(*args)
+    assert result.exit_code == 2, result.output
+    assert "less than or equal to 2147483647" in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize(
