@@ -337,8 +337,10 @@ _INSECURE_NO_AUTH = typer.Option(
 @app.command()
 def server(
     host: Annotated[str | None, typer.Option(help="Bind address [FASTPUBSUB_API_HOST]")] = None,
-    port: Annotated[int | None, typer.Option(help="Port [FASTPUBSUB_API_PORT]")] = None,
-    workers: Annotated[int | None, typer.Option(help="Worker processes [FASTPUBSUB_API_NUM_WORKERS]")] = None,
+    port: Annotated[int | None, typer.Option(min=1, max=65535, help="Port [FASTPUBSUB_API_PORT]")] = None,
+    workers: Annotated[
+        int | None, typer.Option(min=1, max=64, help="Worker processes [FASTPUBSUB_API_NUM_WORKERS]")
+    ] = None,
     insecure_no_auth: Annotated[bool, _INSECURE_NO_AUTH] = False,
 ) -> None:
     """Serve the HTTP API (gunicorn with uvicorn workers)."""
@@ -353,9 +355,20 @@ def server(
     _refuse_exposure(settings, host, insecure_no_auth)
     from fastpubsub.logs import configure_logging
 
+    port = port or settings.api_port
+    _refuse_unbindable(host, port, "--port")
     configure_logging(settings.log_level, settings.log_format)
     _warn_unless_migrated(settings.database_url or "")
-    serve(settings, host, port or settings.api_port, workers or settings.api_num_workers)
+    serve(settings, host, port, workers or settings.api_num_workers)
+
+
+def _refuse_unbindable(host: str, port: int, option: str) -> None:
+    """One line before anything starts when host:port cannot be listened on (in use, not an address here)."""
+    from fastpubsub.embedded import bind_problem
+
+    problem = bind_problem(host, port)
+    if problem is not None:
+        raise fail(f"cannot listen on {host}:{port}: {problem}; choose another with {option}", 6)
 
 
 def _refuse_exposure(settings: Settings, host: str, insecure_no_auth: bool) -> None:
@@ -391,8 +404,8 @@ def dev(
         str | None,
         typer.Option(help="Bind address, loopback unless auth is on [FASTPUBSUB_API_HOST or 127.0.0.1]"),
     ] = None,
-    port: Annotated[int | None, typer.Option(help="Port [FASTPUBSUB_API_PORT]")] = None,
-    workers: Annotated[int, typer.Option(help="Worker processes")] = 1,
+    port: Annotated[int | None, typer.Option(min=1, max=65535, help="Port [FASTPUBSUB_API_PORT]")] = None,
+    workers: Annotated[int, typer.Option(min=1, max=64, help="Worker processes")] = 1,
     insecure_no_auth: Annotated[bool, _INSECURE_NO_AUTH] = False,
 ) -> None:
     """Run locally: embedded PostgreSQL (unless FASTPUBSUB_DATABASE_URL is set), migrations, the API.
@@ -518,7 +531,8 @@ def push_worker(
         str | None, typer.Option(help="Address /metrics is served on [FASTPUBSUB_PUSH_METRICS_HOST]")
     ] = None,
     metrics_port: Annotated[
-        int | None, typer.Option(help="Port of /metrics, 0 for none [FASTPUBSUB_PUSH_METRICS_PORT]")
+        int | None,
+        typer.Option(min=0, max=65535, help="Port of /metrics, 0 for none [FASTPUBSUB_PUSH_METRICS_PORT]"),
     ] = None,
     shutdown_grace: Annotated[
         float, typer.Option(min=0, help="On SIGTERM, seconds requests in flight may take to finish")
@@ -529,6 +543,10 @@ def push_worker(
     settings = settings.model_copy(update={"database_url": _database_url(settings)})
     from fastpubsub.logs import configure_logging
 
+    port = settings.push_metrics_port if metrics_port is None else metrics_port
+    host = metrics_host or settings.push_metrics_host
+    if port:
+        _refuse_unbindable(host, port, "--metrics-port")
     configure_logging(settings.log_level, settings.log_format)
     _warn_unless_migrated(settings.database_url or "")
 
@@ -538,9 +556,7 @@ def push_worker(
         from fastpubsub.push.worker import PushWorker
 
         registry = CollectorRegistry()
-        port = settings.push_metrics_port if metrics_port is None else metrics_port
         if port:
-            host = metrics_host or settings.push_metrics_host
             start_http_server(port, host, registry=registry)
             typer.echo(f"push-worker metrics on http://{host}:{port}/metrics", err=True)
         worker = PushWorker(settings, shutdown_grace=shutdown_grace, registry=registry)

@@ -9,7 +9,6 @@ system user instead.
 
 from __future__ import annotations
 
-import contextlib
 import grp
 import importlib.util
 import os
@@ -71,12 +70,19 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
     """True when nothing listens on host:port now (and it may be bound)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        with contextlib.suppress(OSError):
+    return bind_problem(host, port) is None
+
+
+def bind_problem(host: str, port: int) -> str | None:
+    """Why host:port cannot be listened on now ("address already in use", ...), or None."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((host, port))
-            return True
-    return False
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        return reason[:1].lower() + reason[1:]
+    return None
 
 
 def _server_user() -> str | None:

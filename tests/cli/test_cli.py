@@ -483,6 +483,49 @@ def test_dev_refuses_a_port_in_use(invoke_offline: Invoke) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("command", "option"),
+    [("server", "--port"), ("push-worker", "--metrics-port")],
+    ids=["server", "push-worker"],
+)
+def test_a_port_in_use_is_one_line_before_anything_starts(
+    invoke_offline: Invoke, command: str, option: str
+) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = invoke_offline(command, option, str(port))
+    assert result.exit_code == 6, result.output
+    assert result.stderr == (
+        f"error: cannot listen on 127.0.0.1:{port}: address already in use; choose another with {option}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("server", "--port", "70000"),
+        ("server", "--port", "-1"),
+        ("server", "--workers", "0"),
+        ("server", "--workers", "-2"),
+        ("dev", "--port", "0"),
+        ("dev", "--workers", "0"),
+        ("push-worker", "--metrics-port", "70000"),
+        ("push-worker", "--metrics-port", "-1"),
+    ],
+)
+def test_ports_and_workers_out_of_range_are_usage_errors(
+    invoke_offline: Invoke, args: tuple[str, ...]
+) -> None:
+    result = invoke_offline(*args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"error: Invalid value for '{args[1]}': Input should be "), result.stderr
+
+
 def test_server_refuses_auth_without_a_key(invoke: Invoke) -> None:
     result = invoke("server", auth_enabled="true")
     assert result.exit_code == 6
@@ -494,6 +537,8 @@ def serve_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Hosts `serve` was asked to bind; nothing is bound (these tests never serve on other addresses)."""
     calls: list[str] = []
     monkeypatch.setattr("fastpubsub.cli.serve", lambda settings, host, port, workers: calls.append(host))
+    # Nor is the address tried: the check that it can be listened on passes.
+    monkeypatch.setattr("fastpubsub.embedded.bind_problem", lambda host, port: None)
     return calls
 
 
