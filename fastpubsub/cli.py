@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import math
 import os
+import shlex
 import shutil
 import signal
 import sys
@@ -486,7 +487,11 @@ def dev(
     typer.echo(f"Database {mask_url(shown_url)}")
     typer.echo(f"API      {api}")
     typer.echo(f"Docs     {api}/docs")
-    typer.echo("CLI      .venv/bin/fastpubsub topics list (in another terminal, from this directory)")
+    # The other commands find this server through its record, in the data directory their settings name.
+    elsewhere = records_in.resolve() != settings.embedded_data_dir.resolve()
+    prefix = f"FASTPUBSUB_EMBEDDED_DATA_DIR={shlex.quote(str(records_in.resolve()))} " if elsewhere else ""
+    where = "in another terminal, from this directory"
+    typer.echo(f"CLI      {prefix}.venv/bin/fastpubsub topics list ({where})")
     stops_database = embedded is not None and embedded.started
     note = " (the embedded database stops too; its data stays)" if stops_database else ""
     typer.echo(f"Stop     Ctrl+C{note}")
@@ -515,8 +520,14 @@ def db_migrate(
     from fastpubsub import migrate
 
     url = _database_url(_settings())
+    from alembic.util import CommandError
+
+    from fastpubsub.db.errors import first_line
+
     try:
         migrate.upgrade(url, revision)
+    except CommandError as exc:  # what alembic says of the target: no such revision, not above the current
+        raise fail(f"migration failed: {first_line(str(exc))}", EXIT_CODES[InvalidInputError]) from None
     except Exception as exc:
         if _state["verbose"]:
             traceback.print_exc()

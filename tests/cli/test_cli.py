@@ -84,6 +84,16 @@ def test_db_migrate_is_idempotent(invoke: Invoke) -> None:
         assert "database is at revision" in result.output
 
 
+def test_db_migrate_to_an_unknown_revision_is_a_usage_error(invoke: Invoke) -> None:
+    assert invoke("db-migrate").exit_code == 0
+    result = invoke("db-migrate", "--revision", "bogus")
+    assert result.exit_code == 2, result.output
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("error: migration failed: "), result.stderr
+    assert "bogus" in result.stderr
+    assert "Traceback" not in result.output
+
+
 def client_ids(output: str) -> tuple[str, str]:
     client_id = re.search(r"^client_id=(\S+)$", output, re.M)
     secret = re.search(r"^client_secret=(\S+)$", output, re.M)

@@ -57,6 +57,24 @@ def test_dev_serves_the_api_and_keeps_its_data(tmp_path: Path) -> None:
         assert created.status_code == 201
         docs = httpx.get(f"http://127.0.0.1:{port}/docs", timeout=10)
         assert docs.status_code == 200
+        # The command it shows for another terminal finds it (its data directory is not the default).
+        hint = re.search(
+            r"^CLI      (\S+)=(\S+) \.venv/bin/fastpubsub topics list ",
+            (tmp_path / "first.log").read_text(),
+            re.M,
+        )
+        assert hint is not None, (tmp_path / "first.log").read_text()
+        assert (hint[1], hint[2]) == ("FASTPUBSUB_EMBEDDED_DATA_DIR", str(data_dir.resolve()))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FASTPUBSUB_")}
+        listed = subprocess.run(
+            [FASTPUBSUB, "topics", "list"],
+            env={**env, hint[1]: hint[2]},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert listed.returncode == 0, listed.stderr
+        assert "kept" in listed.stdout
     finally:
         stop_dev(first)
     output = (tmp_path / "first.log").read_text()
