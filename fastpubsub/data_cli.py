@@ -112,6 +112,7 @@ def _client(url: str | None) -> AsyncClient:
             )
         typer.echo(f"using the dev server at {running.api_url}", err=True)
         target = running.api_url
+    _check_server_url(target, "--url" if url else "FASTPUBSUB_API_URL")
     try:
         return AsyncClient(
             target,
@@ -126,6 +127,29 @@ def _client(url: str | None) -> AsyncClient:
             f"FASTPUBSUB_API_TOKEN, FASTPUBSUB_API_CLIENT_ID, FASTPUBSUB_API_CLIENT_SECRET: {exc}",
             cli.EXIT_CODES[ConfigurationError],
         ) from None
+
+
+def _check_server_url(target: str, given_by: str) -> None:
+    """An http(s) URL with a host, or one line saying what is wrong with it (before any connection)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(target)
+        parts.port  # noqa: B018 - a port that is not a number raises here
+    except ValueError as exc:
+        problem: str | None = str(exc)
+    else:
+        if parts.scheme not in ("http", "https"):
+            problem = "it must start with http:// or https://"
+        elif not parts.hostname:
+            problem = "it names no host"
+        elif parts.query or parts.fragment:
+            problem = "it must not carry a query or a fragment"
+        else:
+            problem = None
+    if problem is not None:
+        code = cli.EXIT_CODES[InvalidInputError if given_by == "--url" else ConfigurationError]
+        raise cli.fail(f'{given_by} "{target}" is not a server URL: {problem}', code)
 
 
 def _call(url: str | None, work: Callable[[AsyncClient], Awaitable[T]]) -> T:

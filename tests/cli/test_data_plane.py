@@ -267,6 +267,29 @@ def test_a_full_subscription_stops_a_stdin_publish_in_one_line(invoke: Invoke) -
     assert metrics["available"] == published
 
 
+@pytest.mark.parametrize(
+    ("given", "problem"),
+    [
+        ("notaurl", "it must start with http:// or https://"),
+        ("ftp://127.0.0.1:21", "it must start with http:// or https://"),
+        ("http://", "it names no host"),
+        ("http://127.0.0.1:99999", "Port out of range"),
+        ("http://127.0.0.1:8000/?a=1", "it must not carry a query or a fragment"),
+    ],
+)
+def test_a_server_url_that_is_not_one_is_refused_before_connecting(
+    invoke: Invoke, given: str, problem: str
+) -> None:
+    by_option = invoke("topics", "list", "--url", given)
+    assert by_option.exit_code == 2, by_option.output
+    assert by_option.stderr.startswith(f'error: --url "{given}" is not a server URL: {problem}'), (
+        by_option.stderr
+    )
+    by_setting = invoke("topics", "list", api_url=given)
+    assert by_setting.exit_code == 6, by_setting.output
+    assert by_setting.stderr.startswith(f'error: FASTPUBSUB_API_URL "{given}" is not a server URL: {problem}')
+
+
 def test_an_unreachable_server_exits_5(invoke: Invoke) -> None:
     result = invoke("topics", "list", api_url=f"http://127.0.0.1:{free_port()}")
     assert result.exit_code == 5
