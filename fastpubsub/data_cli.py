@@ -778,7 +778,13 @@ def dlq_reprocess(
         return done
 
     done = _call(url, work)
-    typer.echo(f"reprocessed {done} dead letters" if every else f"reprocessing {done} messages")
+    if every:
+        typer.echo(f"reprocessed {_count(done, 'dead letter')}")
+    else:  # the server does not say which of them were dead letters
+        typer.echo(
+            f"asked to reprocess {_count(done, 'message')}: those in the dead-letter queue are deliverable "
+            "again, any other is left as it was"
+        )
 
 
 def register(app: typer.Typer) -> None:

@@ -165,7 +165,10 @@ def test_dead_letters(invoke: Invoke) -> None:
     table = ok(invoke("dlq", "list", "s")).splitlines()
     assert len(table) == 4
     first_id = table[1].split()[0]
-    assert ok(invoke("dlq", "reprocess", "s", first_id)) == "reprocessing 1 messages\n"
+    assert ok(invoke("dlq", "reprocess", "s", first_id)) == (
+        "asked to reprocess 1 message: those in the dead-letter queue are deliverable again, "
+        "any other is left as it was\n"
+    )
     assert ok(invoke("dlq", "reprocess", "s", "--all")) == "reprocessed 2 dead letters\n"
     assert ok(invoke("dlq", "list", "s")) == "(no dead letters)\n"
     assert json.loads(ok(invoke("subscriptions", "metrics", "s", "--json")))["available"] == 3
