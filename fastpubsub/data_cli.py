@@ -176,8 +176,37 @@ def _payload(text: str, what: str) -> dict[str, Any]:
     except ValueError as exc:
         raise InvalidInputError(f"{what} is not JSON: {exc}") from None
     if not isinstance(value, dict):
-        raise InvalidInputError(f"{what} must be a JSON object, not {type(value).__name__}")
+        raise InvalidInputError(f"{what} must be a JSON object, not {_json_kind(value)}")
     return value
+
+
+def _problem(exc: Exception) -> str:
+    """An error as one line; a model's validation errors as `field: what is wrong`, joined."""
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        return "; ".join(
+            ".".join(str(part) for part in error["loc"])
+            + ": "
+            + str(error["msg"]).removeprefix("Value error, ")
+            if error["loc"]
+            else str(error["msg"]).removeprefix("Value error, ")
+            for error in exc.errors(include_url=False)
+        )
+    return " ".join(str(exc).split())
+
+
+def _json_kind(value: Any) -> str:
+    """What a decoded JSON value is, in JSON's words ("an array", "null", ...)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else type(value).__name__
 
 
 def _filter(text: str | None) -> dict[str, Any] | None:
@@ -559,6 +588,8 @@ def publish(
         name, sep, value = item.partition("=")
         if not sep or not name:
             raise _invalid(f'--attribute takes name=value, not "{item}"')
+        if name in attributes:
+            raise _invalid(f'--attribute "{name}" is given twice')
         attributes[name] = value
     if message == "-" and idempotency_key is not None:
         raise _invalid("--idempotency-key goes with a single message, not stdin")
@@ -607,7 +638,7 @@ def publish(
                 try:
                     pending.append((number, publisher.publish(topic_id, _payload(text, what), **options)))
                 except (InvalidInputError, ValueError, TypeError) as exc:
-                    problem = " ".join(str(exc).split())
+                    problem = _problem(exc)
                     stopped.append(problem if isinstance(exc, InvalidInputError) else f"{what}: {problem}")
                     read[1] = True
                     break

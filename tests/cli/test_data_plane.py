@@ -178,7 +178,26 @@ ERRORS = [
     (("topics", "get", "missing"), None, 3, 'error: topic "missing" not found'),
     (("topics", "create", "t"), None, 4, 'error: topic "t" already exists'),
     (("topics", "create", "no spaces"), None, 2, "error: "),
-    (("publish", "t", "[1, 2]"), None, 2, "error: the message must be a JSON object, not list"),
+    (("publish", "t", "[1, 2]"), None, 2, "error: the message must be a JSON object, not an array"),
+    (("publish", "t", "null"), None, 2, "error: the message must be a JSON object, not null"),
+    (
+        ("publish", "t", '{"a": 1}', "--delay", "1e99"),
+        None,
+        2,
+        "error: the message: delay_seconds: Input should be less than or equal to 31536000\n",
+    ),
+    (
+        ("publish", "t", '{"a": NaN}'),
+        None,
+        2,
+        "error: the message: payload: numbers must be finite: NaN and Infinity are not JSON\n",
+    ),
+    (
+        ("publish", "t", '{"a": 1}', "-a", "k=v", "-a", "k=w"),
+        None,
+        2,
+        'error: --attribute "k" is given twice\n',
+    ),
     (("publish", "t", "{oops"), None, 2, "error: the message is not JSON: "),
     (("publish", "t"), '{"n": 1}\nnope\n', 2, "error: line 2 is not JSON: "),
     (("publish", "t", "{}", "--priority", "10"), None, 2, "error: Invalid value for '--priority'"),
@@ -208,7 +227,7 @@ def test_a_bad_stdin_line_stops_after_publishing_what_came_before(invoke: Invoke
     assert result.exit_code == 2
     assert len(result.stdout.splitlines()) == 2  # the ids of the two published
     assert result.stderr == (
-        "error: line 3 must be a JSON object, not list; the 2 messages before it were published\n"
+        "error: line 3 must be a JSON object, not an array; the 2 messages before it were published\n"
     )
     assert json.loads(ok(invoke("subscriptions", "metrics", "s", "--json")))["available"] == 2
 
