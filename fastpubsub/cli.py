@@ -182,7 +182,33 @@ def run(coro_factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
         raise fail(message, code) from None
 
 
+# Variables already warned of in this process (commands may read the settings twice).
+_WARNED: set[str] = set()
+
+
+def _warn_of_unknown_variables() -> None:
+    """A FASTPUBSUB_ variable that names no setting (a misspelling, say) is ignored: say so."""
+    import difflib
+
+    known = {f"FASTPUBSUB_{name.upper()}" for name in Settings.model_fields}
+    for name in sorted(os.environ):
+        spelt = name.upper()
+        if (
+            spelt.startswith("FASTPUBSUB_")
+            and spelt not in known
+            and not spelt.startswith("FASTPUBSUB_TEST_")
+        ):
+            if name in _WARNED:
+                continue
+            _WARNED.add(name)
+            prefix = len("FASTPUBSUB_")  # compared without it: every name shares it
+            close = difflib.get_close_matches(spelt[prefix:], [k[prefix:] for k in known], n=1)
+            hint = f" (did you mean FASTPUBSUB_{close[0]}?)" if close else ""
+            typer.echo(f"warning: {name} is not a fastpubsub setting and is ignored{hint}", err=True)
+
+
 def _settings() -> Settings:
+    _warn_of_unknown_variables()
     try:
         return get_settings()
     except ValidationError as exc:
@@ -707,6 +733,8 @@ def update_client(
     from fastpubsub import auth
 
     key = _parse_client_id(client_id)
+    if name is None and scopes is None and active is None:
+        raise fail("nothing to change: give --name, --scopes, --active or --inactive", 2)
     settings = _settings()
 
     async def change(db: Any) -> Any:

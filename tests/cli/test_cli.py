@@ -259,6 +259,31 @@ def test_cleanup_defaults_come_from_settings(invoke: Invoke) -> None:
     )
 
 
+def test_a_variable_that_names_no_setting_is_ignored_with_a_warning(invoke: Invoke) -> None:
+    from fastpubsub import cli
+
+    cli._WARNED.clear()
+    result = invoke("list-clients", cleanup_bach_size="10", totally_unknown_thing="1", test_anything="1")
+    assert result.exit_code == 0, result.output
+    assert result.stderr == (
+        "warning: FASTPUBSUB_CLEANUP_BACH_SIZE is not a fastpubsub setting and is ignored "
+        "(did you mean FASTPUBSUB_CLEANUP_BATCH_SIZE?)\n"
+        "warning: FASTPUBSUB_TOTALLY_UNKNOWN_THING is not a fastpubsub setting and is ignored\n"
+    )
+    assert invoke("list-clients").stderr == ""  # said once
+
+
+def test_update_client_with_nothing_to_change_is_refused(invoke: Invoke) -> None:
+    created = invoke("create-client", "app", "topics:read", "true")
+    client_id, _ = client_ids(created.output)
+    result = invoke("update-client", client_id)
+    assert result.exit_code == 2, result.output
+    assert result.stderr == "error: nothing to change: give --name, --scopes, --active or --inactive\n"
+    listed = invoke("list-clients")
+    row = next(line.split() for line in listed.stdout.splitlines() if line.startswith(client_id))
+    assert row[3] == "1", listed.stdout  # the version is what it was: its tokens still hold
+
+
 def test_invalid_settings_are_named_by_their_variables_in_one_line(invoke: Invoke) -> None:
     result = invoke(
         "list-clients",
