@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import math
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -182,6 +183,11 @@ def run(coro_factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
         raise fail(message, code) from None
 
 
+# What Kubernetes puts in every pod for a Service named fastpubsub (or fastpubsub-...),
+# unless the pod says enableServiceLinks: false: no misspellings, so no warnings.
+_SERVICE_LINK = re.compile(
+    r"FASTPUBSUB(?:_\w+?)?_(?:SERVICE_HOST|SERVICE_PORT(?:_\w+)?|PORT(?:_\d+_(?:TCP|UDP|SCTP)(?:_\w+)?)?)"
+)
 # Variables already warned of in this process (commands may read the settings twice).
 _WARNED: set[str] = set()
 
@@ -197,6 +203,7 @@ def _warn_of_unknown_variables() -> None:
             spelt.startswith("FASTPUBSUB_")
             and spelt not in known
             and not spelt.startswith("FASTPUBSUB_TEST_")
+            and not _SERVICE_LINK.fullmatch(spelt)
         ):
             if name in _WARNED:
                 continue
@@ -395,7 +402,8 @@ def _refuse_unbindable(host: str, port: int, option: str) -> None:
 
     problem = bind_problem(host, port)
     if problem is not None:
-        raise fail(f"cannot listen on {host}:{port}: {problem}; choose another with {option}", 6)
+        hint = f"choose another with {option}" if "in use" in problem else "check the address (--host)"
+        raise fail(f"cannot listen on {host}:{port}: {problem}; {hint}", EXIT_CODES[ConfigurationError])
 
 
 def _refuse_exposure(settings: Settings, host: str, insecure_no_auth: bool) -> None:
@@ -552,8 +560,11 @@ def db_migrate(
 
     try:
         migrate.upgrade(url, revision)
-    except CommandError as exc:  # what alembic says of the target: no such revision, not above the current
-        raise fail(f"migration failed: {first_line(str(exc))}", EXIT_CODES[InvalidInputError]) from None
+    except CommandError as exc:
+        # A revision alembic cannot place: the one asked for (a usage error), or,
+        # going to the head, the database's own (made by a newer release).
+        code = EXIT_CODES[InvalidInputError if revision != "head" else ConfigurationError]
+        raise fail(f"migration failed: {first_line(str(exc))}", code) from None
     except Exception as exc:
         if _state["verbose"]:
             traceback.print_exc()
@@ -734,7 +745,9 @@ def update_client(
 
     key = _parse_client_id(client_id)
     if name is None and scopes is None and active is None:
-        raise fail("nothing to change: give --name, --scopes, --active or --inactive", 2)
+        raise fail(
+            "nothing to change: give --name, --scopes, --active or --inactive", EXIT_CODES[InvalidInputError]
+        )
     settings = _settings()
 
     async def change(db: Any) -> Any:

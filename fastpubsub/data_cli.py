@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 
 from fastpubsub import cli
-from fastpubsub.exceptions import ConfigurationError, InvalidInputError
+from fastpubsub.exceptions import ConfigurationError, InvalidInputError, ServerUnavailableError
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -112,7 +112,9 @@ def _client(url: str | None) -> AsyncClient:
             )
         typer.echo(f"using the dev server at {running.api_url}", err=True)
         target = running.api_url
-    _check_server_url(target, "--url" if url else "FASTPUBSUB_API_URL")
+        _check_server_url(target, "the dev server's URL (in its dev.json)")
+    else:
+        _check_server_url(target, "--url" if url else "FASTPUBSUB_API_URL")
     try:
         return AsyncClient(
             target,
@@ -143,13 +145,17 @@ def _check_server_url(target: str, given_by: str) -> None:
             problem = "it must start with http:// or https://"
         elif not parts.hostname:
             problem = "it names no host"
+        elif parts.port == 0:
+            problem = "port 0 cannot be connected to"
         elif parts.query or parts.fragment:
             problem = "it must not carry a query or a fragment"
         else:
             problem = None
     if problem is not None:
+        from fastpubsub.db.urls import mask_url
+
         code = cli.EXIT_CODES[InvalidInputError if given_by == "--url" else ConfigurationError]
-        raise cli.fail(f'{given_by} "{target}" is not a server URL: {problem}', code)
+        raise cli.fail(f'{given_by} "{mask_url(target)}" is not a server URL: {problem}', code)
 
 
 def _call(url: str | None, work: Callable[[AsyncClient], Awaitable[T]]) -> T:
@@ -184,15 +190,10 @@ def _problem(exc: Exception) -> str:
     """An error as one line; a model's validation errors as `field: what is wrong`, joined."""
     from pydantic import ValidationError
 
-    if isinstance(exc, ValidationError):
-        return "; ".join(
-            ".".join(str(part) for part in error["loc"])
-            + ": "
-            + str(error["msg"]).removeprefix("Value error, ")
-            if error["loc"]
-            else str(error["msg"]).removeprefix("Value error, ")
-            for error in exc.errors(include_url=False)
-        )
+    from fastpubsub.client.errors import detail_text
+
+    if isinstance(exc, ValidationError):  # the shape of the server's 422 detail
+        return detail_text(exc.errors(include_url=False))
     return " ".join(str(exc).split())
 
 
@@ -603,22 +604,30 @@ def publish(
     ids: list[str] = []
     # Messages the server refused: each with its line, and the error (shared by a batch's messages).
     refused: list[tuple[int, BaseException]] = []
-    stopped: list[str] = []  # why reading stopped early: a line that is not a JSON object
-    read = [0, False]  # the last line read, and whether reading stopped before the end
+    stopped: list[str] = []  # why reading stopped early: a line that is not a JSON object, say
+    last_read = 0  # the last line read
+    stopped_early = False  # reading stopped before the end of stdin
 
     async def lines() -> Any:
         if message != "-":
             yield 0, "the message", message
             return
         loop = asyncio.get_running_loop()
+        # Bytes, decoded a line at a time: a line that is not UTF-8 (JSON's encoding) is named.
+        read = getattr(sys.stdin, "buffer", sys.stdin).readline
         number = 0
         # A line at a time in a thread: messages go out while a slow producer writes the next.
-        while line := await loop.run_in_executor(None, sys.stdin.readline):
+        while raw := await loop.run_in_executor(None, read):
             number += 1
+            try:
+                line = raw.decode() if isinstance(raw, bytes) else raw
+            except UnicodeDecodeError:
+                raise InvalidInputError(f"line {number} is not UTF-8 text") from None
             if line.strip():
                 yield number, f"line {number}", line
 
     async def work(client: AsyncClient) -> None:
+        nonlocal last_read, stopped_early
         pending: deque[tuple[int, asyncio.Future[Any]]] = deque()
 
         def settle() -> None:
@@ -632,21 +641,30 @@ def publish(
                     if not as_json:
                         typer.echo(ids[-1])
 
-        async with AsyncPublisher(client) as publisher:
-            async for number, what, text in lines():
-                read[0] = number
+        try:
+            async with AsyncPublisher(client) as publisher:
                 try:
-                    pending.append((number, publisher.publish(topic_id, _payload(text, what), **options)))
-                except (InvalidInputError, ValueError, TypeError) as exc:
-                    problem = _problem(exc)
-                    stopped.append(problem if isinstance(exc, InvalidInputError) else f"{what}: {problem}")
-                    read[1] = True
-                    break
-                settle()
-                if refused:  # stop reading; what was read already is still sent
-                    read[1] = True
-                    break
-        settle()  # leaving the publisher answered everything
+                    async for number, what, text in lines():
+                        last_read = number
+                        try:
+                            payload = _payload(text, what)
+                            pending.append((number, publisher.publish(topic_id, payload, **options)))
+                        except (InvalidInputError, ValueError, TypeError) as exc:
+                            problem = _problem(exc)
+                            stopped.append(
+                                problem if isinstance(exc, InvalidInputError) else f"{what}: {problem}"
+                            )
+                            stopped_early = True
+                            break
+                        settle()
+                        if refused:  # stop reading; what was read already is still sent
+                            stopped_early = True
+                            break
+                except InvalidInputError as exc:  # stdin itself: a line that is not text
+                    stopped.append(exc.message)
+                    stopped_early = True
+        finally:
+            settle()  # leaving the publisher answered everything (or failed it)
 
     answered = False
     try:
@@ -654,10 +672,12 @@ def publish(
         answered = True
     finally:
         # What was published is printed, even when something failed after it.
-        if as_json and (ids or answered):
+        if as_json and (ids or (answered and not (refused or stopped))):
             typer.echo(_dump({"message_ids": ids}))
     if refused or stopped:
-        raise _publish_failure(message == "-", len(ids), refused, stopped, read[0] if read[1] else None)
+        raise _publish_failure(
+            message == "-", len(ids), refused, stopped, last_read if stopped_early else None
+        )
 
 
 def _publish_failure(
@@ -678,7 +698,11 @@ def _publish_failure(
             if place is not None and int(place[1]) < len(batch):
                 problem = f"the message of line {batch[int(place[1])]}" + problem[place.end() :]
             problem = problem.removesuffix("; nothing was published")
-            problem += f"; not published: {_lines([number for number, _ in refused])}"
+            numbers = _lines([number for number, _ in refused])
+            if isinstance(first, ServerUnavailableError):  # the answer was lost: they may have been stored
+                problem += f"; not confirmed (published or not): {numbers}"
+            else:
+                problem += f"; not published: {numbers}"
     else:
         problem, code = stopped[0], cli.EXIT_CODES[InvalidInputError]
     if stopped and refused:
@@ -689,7 +713,7 @@ def _publish_failure(
             if last_read is not None:
                 problem += f"; reading stopped at line {last_read}"
             problem += f"; {_count(published, 'message')} {verb} published (ids printed)"
-        else:  # a bad line stopped it: everything before it was published
+        elif published:  # a bad line stopped it: everything before it was published
             problem += f"; the {_count(published, 'message')} before it {verb} published"
     return cli.fail(problem, code)
 
@@ -789,7 +813,7 @@ def dlq_reprocess(
     if bool(ids) == every:
         raise _invalid("give message ids or --all (not both)")
     try:
-        chosen = [UUID(value) for value in ids or []]
+        chosen = list(dict.fromkeys(UUID(value) for value in ids or []))  # each once
     except ValueError:
         raise _invalid("message ids are UUIDs (see fastpubsub dlq list)") from None
 
@@ -813,8 +837,8 @@ def dlq_reprocess(
         typer.echo(f"reprocessed {_count(done, 'dead letter')}")
     else:  # the server does not say which of them were dead letters
         typer.echo(
-            f"asked to reprocess {_count(done, 'message')}: those in the dead-letter queue are deliverable "
-            "again, any other is left as it was"
+            f"asked to reprocess {_count(done, 'message')}: whichever are in the dead-letter queue are "
+            "deliverable again, any other is left as it was"
         )
 
 

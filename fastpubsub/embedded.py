@@ -74,11 +74,18 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def bind_problem(host: str, port: int) -> str | None:
-    """Why host:port cannot be listened on now ("address already in use", ...), or None."""
+    """Why host:port cannot be listened on now ("address already in use", ...), or None.
+
+    `host` as the server takes it: a name, an IPv4 address or a bracketed IPv6 one ("[::1]").
+    """
     try:
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        name = host.removeprefix("[").removesuffix("]") or None
+        family, kind, proto, _, address = socket.getaddrinfo(
+            name, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host, port))
+            sock.bind(address)
     except OSError as exc:
         reason = exc.strerror or str(exc)
         return reason[:1].lower() + reason[1:]

@@ -29,18 +29,19 @@ SCOPE_DESCRIPTIONS = {
     "subscriptions:peek": "Look at waiting messages without leasing them (read-only)",
     "metrics:read": "Read /metrics",
 }
+# The object id a scope may name ("topics:publish:orders").
+_OBJECT_ID = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+OBJECT_ID = re.compile(_OBJECT_ID)
 # A space-separated scope list as a regular expression (the OpenAPI document states it).
 _ONE_SCOPE = (
     r"(?:\*|(?:"
     + "|".join(f"{resource}:(?:{'|'.join(actions)})" for resource, actions in SCOPES.items())
-    + r")(?::[A-Za-z0-9][A-Za-z0-9._-]{0,127})?)"
+    + rf")(?::{_OBJECT_ID})?)"
 )
 SCOPES_PATTERN = rf"^\s*{_ONE_SCOPE}(?:\s+{_ONE_SCOPE})*\s*$"
 # Limits on one client's scopes (they are all carried by each of its tokens).
 MAX_SCOPES = 128
 MAX_SCOPES_LENGTH = 4096
-# The object id a scope may name ("topics:publish:orders").
-OBJECT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def scopes_problem(text: str) -> str | None:

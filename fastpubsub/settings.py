@@ -307,9 +307,9 @@ def describe_invalid(exc: ValidationError) -> str:
             given = error.get("input")
             # The value too, unless it may be a credential (a URL may hold a password).
             if isinstance(given, str | int | float | bool) and not any(
-                word in name for word in ("SECRET", "URL", "TOKEN", "KEY", "PASSWORD")
+                word in name for word in ("SECRET", "URL", "URI", "TOKEN", "KEY", "PASSWORD")
             ):
-                shown = str(given)
+                shown = " ".join(str(given).split())  # one line, whatever the value holds
                 name += f"={shown if len(shown) <= 60 else shown[:57] + '...'}"
             message = f"{name}: {message}"
         problems.append(message)

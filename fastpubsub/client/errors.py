@@ -104,7 +104,8 @@ def detail_text(detail: Any) -> str:
         for problem in detail:
             if isinstance(problem, dict) and "msg" in problem:
                 where = ".".join(str(part) for part in problem.get("loc", ()) if part != "body")
-                parts.append(f"{where}: {problem['msg']}" if where else str(problem["msg"]))
+                said = str(problem["msg"]).removeprefix("Value error, ")  # pydantic's prefix says nothing
+                parts.append(f"{where}: {said}" if where else said)
             else:
                 parts.append(str(problem))
         return "; ".join(parts)

@@ -34,7 +34,7 @@ AS $$
         || substring(int4send(((t.units & 4095) | 28672)::integer) FROM 3 FOR 2)
         || '\x0000000000000000'::bytea,
         'hex')::uuid
-    FROM (SELECT greatest(floor(extract(epoch FROM p_time) * 4096000)::bigint, 0) AS units) AS t
+    FROM (SELECT floor(extract(epoch FROM greatest(p_time, 'epoch'::timestamptz)) * 4096000)::bigint AS units) AS t
 $$;
 
 -- A message as consumers receive it: the one definition of its JSON shape,

@@ -1,4 +1,5 @@
-"""A time before 1970 bounds message ids from below; a publish refused for room says what the backlog held.
+"""A time before 1970 bounds message ids from below; a publish refused for room says what the backlog held;
+a $match pattern with an empty word is refused saying so.
 
 Revision ID: 0017_bounds_and_messages
 Revises: 0016_grouped_acks
@@ -14,7 +15,7 @@ depends_on = None
 
 # The function source (fastpubsub/sql) this revision installs: a test keeps it
 # equal to the files, so that changing a function takes a new revision.
-functions_digest = "f5e0d655fd60475989596c6069a53534057368bd3d6a5874c6feb34b2c64c76a"
+functions_digest = "52c5653ae3fc2413ac70ff4819da62603ebd47476f5251ed669333dfa3320726"
 
 
 def upgrade() -> None:

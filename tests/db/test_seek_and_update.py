@@ -78,9 +78,9 @@ def test_a_time_before_1970_bounds_message_ids_by_the_smallest_of_all(conn: psyc
     # A message id counts time from 1970 (the smallest id of all at 0).
     floors = [
         conn.execute("SELECT fastpubsub._message_id_floor(%s)::text", (when,)).fetchone()[0]
-        for when in ["0001-01-01T00:00:00Z", "1969-12-31T23:59:59.999Z", "1970-01-01T00:00:00Z"]
+        for when in ["-infinity", "0001-01-01T00:00:00Z", "1969-12-31T23:59:59.999Z", "1970-01-01T00:00:00Z"]
     ]
-    assert floors == ["00000000-0000-7000-0000-000000000000"] * 3
+    assert floors == ["00000000-0000-7000-0000-000000000000"] * 4
     later = conn.execute("SELECT fastpubsub._message_id_floor('1970-01-01T00:00:01Z')::text").fetchone()[0]
     assert later > floors[0]
 

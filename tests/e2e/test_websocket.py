@@ -239,8 +239,9 @@ async def test_the_subscription_route_closes_with_a_code_that_says_why(server: S
     assert "less than or equal to 1000" in reasons["1001"], reasons
     assert "less than or equal to 1000" in reasons["9" * 30], reasons
     # In range, it is taken.
-    async with open_socket(server, "/subscriptions/s/ws?max_in_flight=0007") as ws:
-        assert (await frame(ws))["max_in_flight"] == 7
+    for given, taken in [("0007", 7), ("0000000000000012", 12)]:
+        async with open_socket(server, f"/subscriptions/s/ws?max_in_flight={given}") as ws:
+            assert (await frame(ws))["max_in_flight"] == taken
 
 
 async def test_a_web_page_from_another_origin_cannot_open_a_socket(server: Server) -> None:

@@ -133,3 +133,14 @@ def test_a_preferred_port_that_is_taken_gives_way_to_a_free_one(
 def test_a_free_preferred_port_is_the_one_used(clusters: Callable[..., EmbeddedPostgres]) -> None:
     preferred = embedded_module.free_port()
     assert clusters("data", preferred_port=preferred).start().port == preferred
+
+
+@pytest.mark.skipif(not socket.has_ipv6, reason="no IPv6 on this machine")
+def test_a_bracketed_ipv6_address_is_checked_as_the_server_binds_it() -> None:
+    assert embedded_module.bind_problem("[::1]", 0) is None
+    assert embedded_module.bind_problem("::1", 0) is None
+    with socket.socket(socket.AF_INET6) as taken:
+        taken.bind(("::1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert embedded_module.bind_problem("[::1]", port) == "address already in use"

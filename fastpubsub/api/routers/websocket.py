@@ -458,7 +458,8 @@ def _query_subscribe(websocket: WebSocket, subscription_id: str) -> Subscribe:
         # number too long for any limit is simply over it, anything else is not a
         # whole number, as Subscribe says.
         if _DIGITS.fullmatch(given):
-            values["max_in_flight"] = int(given) if len(given) <= 9 else MAX_IN_FLIGHT + 1
+            digits = given.lstrip("0") or "0"
+            values["max_in_flight"] = int(digits) if len(digits) <= 9 else MAX_IN_FLIGHT + 1
         else:
             values["max_in_flight"] = given
     return Subscribe.model_validate(values)
