@@ -254,3 +254,17 @@ async def test_a_405_names_every_method_of_the_path(api: httpx.AsyncClient) -> N
             assert response.status_code == 405, (method, path)
             assert response.headers["allow"] == allowed, (method, path)
             assert "detail" in response.json()
+
+
+@pytest.mark.parametrize("wait", ["nan", "NaN", "inf", "-inf"])
+async def test_a_wait_that_is_not_a_finite_number_is_422_saying_so(
+    make_api: ClientFactory, wait: str
+) -> None:
+    fast, routed = await fast_and_routed(make_api)
+    await setup(fast)
+    for api in (fast, routed):
+        response = await api.get(
+            "/subscriptions/s/messages", params={"consumer_id": "c", "wait_seconds": wait}
+        )
+        assert response.status_code == 422
+        assert response.json()["detail"][0]["msg"] == "Input should be a finite number", response.json()

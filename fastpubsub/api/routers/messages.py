@@ -50,7 +50,7 @@ async def consume_messages(
     consumer_id: Annotated[ConsumerId, Query(description="Who holds the leases")],
     batch_size: Annotated[int, Query(ge=1, le=MAX_BATCH_SIZE)] = DEFAULT_BATCH_SIZE,
     wait_seconds: Annotated[
-        float, Query(ge=0, le=MAX_WAIT_SECONDS, description="Long-poll up to this long")
+        float, Query(ge=0, le=MAX_WAIT_SECONDS, allow_inf_nan=False, description="Long-poll up to this long")
     ] = 0,
 ) -> Response:
     principal.require("subscriptions:consume", subscription_id)
