@@ -185,9 +185,32 @@ def run(coro_factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
 
 # What Kubernetes puts in every pod for a Service named fastpubsub (or fastpubsub-...),
 # unless the pod says enableServiceLinks: false: no misspellings, so no warnings.
+# Told apart by their values too: a bare <SERVICE>_PORT of 9000 is still warned of.
 _SERVICE_LINK = re.compile(
     r"FASTPUBSUB(?:_\w+?)?_(?:SERVICE_HOST|SERVICE_PORT(?:_\w+)?|PORT(?:_\d+_(?:TCP|UDP|SCTP)(?:_\w+)?)?)"
 )
+
+
+def _service_link(name: str, value: str) -> bool:
+    """Whether a variable is one Kubernetes sets for a Service: its name's shape and its value's."""
+    import ipaddress
+
+    if not _SERVICE_LINK.fullmatch(name):
+        return False
+    if name.endswith(("_SERVICE_HOST", "_ADDR")):
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            return False
+        return True
+    if name.endswith("_PROTO"):
+        return value in ("TCP", "UDP", "SCTP", "tcp", "udp", "sctp")
+    if re.search(r"_SERVICE_PORT(?:_\w+)?$|_(?:TCP|UDP|SCTP)_PORT$", name):
+        return value.isdigit()  # <SERVICE>_SERVICE_PORT, ..._SERVICE_PORT_HTTP, ..._8000_TCP_PORT
+    # <SERVICE>_PORT and <SERVICE>_PORT_8000_TCP: tcp://10.0.0.1:8000
+    return re.fullmatch(r"(?:tcp|udp|sctp)://\S+", value, re.IGNORECASE) is not None
+
+
 # Variables already warned of in this process (commands may read the settings twice).
 _WARNED: set[str] = set()
 
@@ -203,7 +226,7 @@ def _warn_of_unknown_variables() -> None:
             spelt.startswith("FASTPUBSUB_")
             and spelt not in known
             and not spelt.startswith("FASTPUBSUB_TEST_")
-            and not _SERVICE_LINK.fullmatch(spelt)
+            and not _service_link(spelt, os.environ[name])
         ):
             if name in _WARNED:
                 continue
@@ -326,7 +349,8 @@ def serve(settings: Settings, host: str, port: int, workers: int) -> None:
         multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]
 
     options = {
-        "bind": f"{host}:{port}",
+        # An IPv6 address goes in brackets ("[::1]:8000"), given with them or not.
+        "bind": f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}",
         "workers": workers,
         "worker_class": "fastpubsub.api.worker.Worker",
         # Long-polls last up to 30 s: give requests room before a worker is recycled.
@@ -390,20 +414,25 @@ def server(
     from fastpubsub.logs import configure_logging
 
     port = port or settings.api_port
-    _refuse_unbindable(host, port, "--port")
+    _refuse_unbindable(host, port, "--port", "--host")
     configure_logging(settings.log_level, settings.log_format)
     _warn_unless_migrated(settings.database_url or "")
     serve(settings, host, port, workers or settings.api_num_workers)
 
 
-def _refuse_unbindable(host: str, port: int, option: str) -> None:
+def _refuse_unbindable(host: str, port: int, port_option: str, host_option: str) -> None:
     """One line before anything starts when host:port cannot be listened on (in use, not an address here)."""
-    from fastpubsub.embedded import bind_problem
+    import errno
 
-    problem = bind_problem(host, port)
-    if problem is not None:
-        hint = f"choose another with {option}" if "in use" in problem else "check the address (--host)"
-        raise fail(f"cannot listen on {host}:{port}: {problem}; {hint}", EXIT_CODES[ConfigurationError])
+    from fastpubsub.embedded import bind_error, bind_problem
+
+    error = bind_error(host, port)
+    if error is not None:
+        at_fault = port_option if error.errno in (errno.EADDRINUSE, errno.EACCES) else host_option
+        raise fail(
+            f"cannot listen on {host}:{port}: {bind_problem(host, port)}; choose another with {at_fault}",
+            EXIT_CODES[ConfigurationError],
+        )
 
 
 def _refuse_exposure(settings: Settings, host: str, insecure_no_auth: bool) -> None:
@@ -563,7 +592,11 @@ def db_migrate(
     except CommandError as exc:
         # A revision alembic cannot place: the one asked for (a usage error), or,
         # going to the head, the database's own (made by a newer release).
-        code = EXIT_CODES[InvalidInputError if revision != "head" else ConfigurationError]
+        try:  # the target is known: the revision alembic cannot place is the database's
+            migrate.script_directory().get_revision(revision)
+            code = EXIT_CODES[ConfigurationError]
+        except CommandError:
+            code = EXIT_CODES[InvalidInputError]
         raise fail(f"migration failed: {first_line(str(exc))}", code) from None
     except Exception as exc:
         if _state["verbose"]:
@@ -594,7 +627,7 @@ def push_worker(
     port = settings.push_metrics_port if metrics_port is None else metrics_port
     host = metrics_host or settings.push_metrics_host
     if port:
-        _refuse_unbindable(host, port, "--metrics-port")
+        _refuse_unbindable(host, port, "--metrics-port", "--metrics-host")
     configure_logging(settings.log_level, settings.log_format)
     _warn_unless_migrated(settings.database_url or "")
 

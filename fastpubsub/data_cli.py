@@ -138,8 +138,8 @@ def _check_server_url(target: str, given_by: str) -> None:
     try:
         parts = urlsplit(target)
         parts.port  # noqa: B018 - a port that is not a number raises here
-    except ValueError as exc:
-        problem: str | None = str(exc)
+    except ValueError:  # (its own words may quote part of a password)
+        problem: str | None = "its port must be a number from 1 to 65535"
     else:
         if parts.scheme not in ("http", "https"):
             problem = "it must start with http:// or https://"
@@ -620,7 +620,7 @@ def publish(
         while raw := await loop.run_in_executor(None, read):
             number += 1
             try:
-                line = raw.decode() if isinstance(raw, bytes) else raw
+                line = (raw.decode() if isinstance(raw, bytes) else raw).removeprefix("\ufeff")  # a BOM
             except UnicodeDecodeError:
                 raise InvalidInputError(f"line {number} is not UTF-8 text") from None
             if line.strip():
@@ -698,11 +698,14 @@ def _publish_failure(
             if place is not None and int(place[1]) < len(batch):
                 problem = f"the message of line {batch[int(place[1])]}" + problem[place.end() :]
             problem = problem.removesuffix("; nothing was published")
-            numbers = _lines([number for number, _ in refused])
-            if isinstance(first, ServerUnavailableError):  # the answer was lost: they may have been stored
-                problem += f"; not confirmed (published or not): {numbers}"
-            else:
-                problem += f"; not published: {numbers}"
+            # Where the answer was lost (the server out of reach, a proxy's 502 or 504)
+            # the messages may have been stored: those lines are not confirmed either way.
+            unsure = [number for number, exc in refused if _answer_lost(exc)]
+            sure = [number for number, exc in refused if not _answer_lost(exc)]
+            if sure:
+                problem += f"; not published: {_lines(sure)}"
+            if unsure:
+                problem += f"; not confirmed (published or not): {_lines(unsure)}"
     else:
         problem, code = stopped[0], cli.EXIT_CODES[InvalidInputError]
     if stopped and refused:
@@ -716,6 +719,15 @@ def _publish_failure(
         elif published:  # a bad line stopped it: everything before it was published
             problem += f"; the {_count(published, 'message')} before it {verb} published"
     return cli.fail(problem, code)
+
+
+def _answer_lost(exc: BaseException) -> bool:
+    """Whether a request's fate is unknown: no answer came, or a proxy answered for the server."""
+    from fastpubsub.client.errors import APIError
+
+    return isinstance(exc, ServerUnavailableError) or (
+        isinstance(exc, APIError) and exc.status in (500, 502, 504)
+    )
 
 
 def _lines(numbers: list[int]) -> str:

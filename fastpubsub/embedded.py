@@ -70,26 +70,33 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
     """True when nothing listens on host:port now (and it may be bound)."""
-    return bind_problem(host, port) is None
+    return bind_error(host, port) is None
+
+
+def bind_error(host: str, port: int) -> OSError | None:
+    """Why host:port cannot be listened on now (EADDRINUSE, ...), or None.
+
+    Tried as the server binds it: an IPv6 address (bracketed, "[::1]", as the
+    server takes it) on IPv6, anything else (a name, an IPv4 address) on IPv4.
+    """
+    name = host.removeprefix("[").removesuffix("]")
+    family = socket.AF_INET6 if ":" in name else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((name, port))
+    except OSError as exc:
+        return exc
+    return None
 
 
 def bind_problem(host: str, port: int) -> str | None:
-    """Why host:port cannot be listened on now ("address already in use", ...), or None.
-
-    `host` as the server takes it: a name, an IPv4 address or a bracketed IPv6 one ("[::1]").
-    """
-    try:
-        name = host.removeprefix("[").removesuffix("]") or None
-        family, kind, proto, _, address = socket.getaddrinfo(
-            name, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-        with socket.socket(family, kind, proto) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(address)
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-        return reason[:1].lower() + reason[1:]
-    return None
+    """bind_error in words ("address already in use", ...), or None."""
+    error = bind_error(host, port)
+    if error is None:
+        return None
+    reason = error.strerror or str(error)
+    return reason[:1].lower() + reason[1:]
 
 
 def _server_user() -> str | None:

@@ -289,11 +289,14 @@ def test_a_variable_that_names_no_setting_is_ignored_with_a_warning(invoke: Invo
         service_port_http="8000",
         port="tcp://10.0.0.1:8000",
         port_8000_tcp_addr="10.0.0.1",
+        metrics_port="9100",  # a misspelling after all: not a value Kubernetes gives
     )
     assert result.exit_code == 0, result.output
     assert result.stderr == (
         "warning: FASTPUBSUB_CLEANUP_BACH_SIZE is not a fastpubsub setting and is ignored "
         "(did you mean FASTPUBSUB_CLEANUP_BATCH_SIZE?)\n"
+        "warning: FASTPUBSUB_METRICS_PORT is not a fastpubsub setting and is ignored "
+        "(did you mean FASTPUBSUB_PUSH_METRICS_PORT?)\n"
         "warning: FASTPUBSUB_TOTALLY_UNKNOWN_THING is not a fastpubsub setting and is ignored\n"
     )
     assert invoke("list-clients").stderr == ""  # said once

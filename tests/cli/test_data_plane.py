@@ -302,7 +302,7 @@ def test_a_full_subscription_stops_a_stdin_publish_in_one_line(invoke: Invoke) -
         ("notaurl", "it must start with http:// or https://"),
         ("ftp://127.0.0.1:21", "it must start with http:// or https://"),
         ("http://", "it names no host"),
-        ("http://127.0.0.1:99999", "Port out of range"),
+        ("http://127.0.0.1:99999", "its port must be a number from 1 to 65535"),
         ("http://127.0.0.1:8000/?a=1", "it must not carry a query or a fragment"),
     ],
 )
@@ -317,6 +317,18 @@ def test_a_server_url_that_is_not_one_is_refused_before_connecting(
     by_setting = invoke("topics", "list", api_url=given)
     assert by_setting.exit_code == 6, by_setting.output
     assert by_setting.stderr.startswith(f'error: FASTPUBSUB_API_URL "{given}" is not a server URL: {problem}')
+
+
+def test_a_server_url_is_shown_without_its_password(invoke: Invoke) -> None:
+    for given in ("http://u:p#w@127.0.0.1", "http://u:hunter2@127.0.0.1:x"):
+        result = invoke("topics", "list", "--url", given)
+        assert result.exit_code == 2, result.output
+        assert result.stderr == (
+            'error: --url "http://u:***@127.0.0.1'
+            + given.rsplit("127.0.0.1", 1)[1]
+            + '" is not a server URL: '
+            "its port must be a number from 1 to 65535\n"
+        ), result.stderr
 
 
 def test_an_unreachable_server_exits_5(invoke: Invoke) -> None:

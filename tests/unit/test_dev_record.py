@@ -75,6 +75,8 @@ def test_is_loopback(host: str, loopback: bool) -> None:
         ("127.0.0.1", "http://127.0.0.1:8000"),
         ("0.0.0.0", "http://127.0.0.1:8000"),
         ("::1", "http://[::1]:8000"),
+        ("[::1]", "http://[::1]:8000"),  # as the server takes it
+        ("[::]", "http://127.0.0.1:8000"),
         ("localhost", "http://localhost:8000"),
     ],
 )
