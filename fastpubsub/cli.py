@@ -42,7 +42,7 @@ from fastpubsub.exceptions import (
     ServerUnavailableError,
     StatementTimeoutError,
 )
-from fastpubsub.settings import MAX_SQL_INTEGER, Settings, describe_invalid, get_settings
+from fastpubsub.settings import MAX_SQL_INTEGER, Settings, bare_host, describe_invalid, get_settings
 
 T = TypeVar("T")
 
@@ -350,7 +350,7 @@ def serve(settings: Settings, host: str, port: int, workers: int) -> None:
 
     options = {
         # An IPv6 address goes in brackets ("[::1]:8000"), given with them or not.
-        "bind": f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}",
+        "bind": f"[{bare_host(host)}]:{port}" if ":" in host else f"{host}:{port}",
         "workers": workers,
         "worker_class": "fastpubsub.api.worker.Worker",
         # Long-polls last up to 30 s: give requests room before a worker is recycled.
@@ -424,13 +424,13 @@ def _refuse_unbindable(host: str, port: int, port_option: str, host_option: str)
     """One line before anything starts when host:port cannot be listened on (in use, not an address here)."""
     import errno
 
-    from fastpubsub.embedded import bind_error, bind_problem
+    from fastpubsub.embedded import bind_error, os_reason
 
     error = bind_error(host, port)
     if error is not None:
         at_fault = port_option if error.errno in (errno.EADDRINUSE, errno.EACCES) else host_option
         raise fail(
-            f"cannot listen on {host}:{port}: {bind_problem(host, port)}; choose another with {at_fault}",
+            f"cannot listen on {host}:{port}: {os_reason(error)}; choose another with {at_fault}",
             EXIT_CODES[ConfigurationError],
         )
 
@@ -580,13 +580,12 @@ def db_migrate(
     revision: Annotated[str, typer.Option(help="Target revision")] = "head",
 ) -> None:
     """Apply database migrations (safe to run from several places at once)."""
-    from fastpubsub import migrate
-
-    url = _database_url(_settings())
     from alembic.util import CommandError
 
+    from fastpubsub import migrate
     from fastpubsub.db.errors import first_line
 
+    url = _database_url(_settings())
     try:
         migrate.upgrade(url, revision)
     except CommandError as exc:

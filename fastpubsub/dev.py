@@ -80,7 +80,9 @@ def _alive(pid: int) -> bool:
 
 def api_url(host: str, port: int) -> str:
     """The URL a local client reaches a server bound to host:port at."""
-    host = host.removeprefix("[").removesuffix("]")  # an IPv6 address as the server takes it: [::1]
+    from fastpubsub.settings import bare_host
+
+    host = bare_host(host)  # an IPv6 address as the server takes it: [::1]
     if host in ("0.0.0.0", "", "::"):
         host = "127.0.0.1"  # every address: loopback among them
     if ":" in host:

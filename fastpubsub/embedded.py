@@ -79,7 +79,9 @@ def bind_error(host: str, port: int) -> OSError | None:
     Tried as the server binds it: an IPv6 address (bracketed, "[::1]", as the
     server takes it) on IPv6, anything else (a name, an IPv4 address) on IPv4.
     """
-    name = host.removeprefix("[").removesuffix("]")
+    from fastpubsub.settings import bare_host
+
+    name = bare_host(host)
     family = socket.AF_INET6 if ":" in name else socket.AF_INET
     try:
         with socket.socket(family, socket.SOCK_STREAM) as sock:
@@ -93,8 +95,11 @@ def bind_error(host: str, port: int) -> OSError | None:
 def bind_problem(host: str, port: int) -> str | None:
     """bind_error in words ("address already in use", ...), or None."""
     error = bind_error(host, port)
-    if error is None:
-        return None
+    return None if error is None else os_reason(error)
+
+
+def os_reason(error: OSError) -> str:
+    """What the system said, as the middle of a sentence ("address already in use")."""
     reason = error.strerror or str(error)
     return reason[:1].lower() + reason[1:]
 

@@ -286,9 +286,14 @@ class Settings(BaseSettings):
         return [origin.strip() for origin in self.api_cors_origins.split(",") if origin.strip()]
 
 
+def bare_host(host: str) -> str:
+    """A host without the brackets an IPv6 address takes in a bind or a URL ("[::1]" is "::1")."""
+    return host.removeprefix("[").removesuffix("]")
+
+
 def is_loopback(host: str) -> bool:
     """Whether `host` is reachable from this machine only: 127.0.0.0/8, ::1 or localhost (never resolved)."""
-    name = host.strip().removeprefix("[").removesuffix("]").lower()
+    name = bare_host(host.strip()).lower()
     if name == "localhost":
         return True
     try:

@@ -586,7 +586,7 @@ def serve_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     calls: list[str] = []
     monkeypatch.setattr("fastpubsub.cli.serve", lambda settings, host, port, workers: calls.append(host))
     # Nor is the address tried: the check that it can be listened on passes.
-    monkeypatch.setattr("fastpubsub.embedded.bind_problem", lambda host, port: None)
+    monkeypatch.setattr("fastpubsub.embedded.bind_error", lambda host, port: None)
     return calls
 
 
