@@ -45,6 +45,7 @@ LANDED = {
     "0014_lease_fixes": "929317dece332bd6b029ce05900a017fe299f89d3ff7e959faf26af13b7764b2",
     "0015_looks_and_acks": "9b3895026089a7240cb7f6ac43ff4d6e4209d6219e17c70ecda15dc2646dbf28",
     "0016_grouped_acks": "33fadab1e09ec13ff8e0811f96a40210ddcf2b59ad54679d86852f748c175cce",
+    "0017_bounds_and_messages": "636cd2d09194af93b50a26d4565a64912ccce1c34b5d2d3dab4e84845ed18c4c",
 }
 
 CATALOG_QUERIES = {
