@@ -111,6 +111,8 @@ def _one_line_errors() -> Iterator[None]:
         yield
     except (typer.Exit, typer.Abort):
         raise  # normal exits and Ctrl+C
+    except BrokenPipeError:
+        raise  # our reader left (`| head`): main() ends quietly (drivers wrap their own sockets' errors)
     except (_ClickException, typer.TyperException) as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":
             raise  # a bare group shows its help

@@ -275,6 +275,22 @@ def test_cleanup_defaults_come_from_settings(invoke: Invoke) -> None:
     )
 
 
+def test_a_reader_that_leaves_is_not_reported_as_an_error(
+    invoke_offline: Invoke, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `fastpubsub dev --help | head -30`: head leaves before the last write. That
+    # write's BrokenPipeError (an OSError) was once reported as "database
+    # unreachable: [Errno 32] Broken pipe"; it ends the command quietly.
+    def echo(message: object = None, *args: object, err: bool = False, **kwargs: object) -> None:
+        if not err:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr("typer.echo", echo)
+    result = invoke_offline("generate-secret-key")
+    assert result.exit_code == 1
+    assert result.stderr == ""
+
+
 def test_a_variable_that_names_no_setting_is_ignored_with_a_warning(invoke: Invoke) -> None:
     from fastpubsub import cli
 
