@@ -9,7 +9,10 @@ address at creation and to a private one later (DNS rebinding) gets nowhere.
 Refused: anything that is not a global unicast address, that is loopback,
 private (10/8, 172.16/12, 192.168/16, fc00::/7), link-local (169.254/16 with
 the cloud metadata address 169.254.169.254, fe80::/10), shared (100.64/10),
-multicast, reserved or unspecified, IPv4 inside IPv6 included.
+multicast, reserved or unspecified. An IPv6 address that carries an IPv4
+address (mapped, NAT64, IPv4-compatible, SIIT, 6to4, Teredo) is judged by it as
+well, and local-use NAT64 (64:ff9b:1::/48) and site-local (fec0::/10) addresses
+are refused.
 FASTPUBSUB_PUSH_ALLOWED_HOSTS names exceptions: host names (any address they
 resolve to is then accepted), addresses and CIDRs.
 """
@@ -35,10 +38,37 @@ class EndpointRefusedError(InvalidInputError):
     """The push endpoint is not allowed: not https, or not a public address."""
 
 
+# IPv6 addresses whose last 32 bits are an IPv4 address that a translator or
+# the host itself may reach: NAT64 (64:ff9b::/96), the deprecated
+# IPv4-compatible addresses (::/96) and SIIT's translated ones (::ffff:0:0:0/96).
+_IPV4_IN_LAST_32_BITS = tuple(
+    ipaddress.IPv6Network(network) for network in ("64:ff9b::/96", "::/96", "::ffff:0:0:0/96")
+)
+# Not global, though Python's is_global says they are: NAT64 for local use
+# (RFC 8215) and the deprecated site-local addresses.
+_NOT_GLOBAL_IPV6 = tuple(ipaddress.IPv6Network(network) for network in ("64:ff9b:1::/48", "fec0::/10"))
+
+
+def _embedded_ipv4(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address leads to besides a mapped one (NAT64, compatible, 6to4, Teredo)."""
+    if address.sixtofour is not None:
+        return [address.sixtofour]
+    if address.teredo is not None:
+        return list(address.teredo)  # the relay and the client's outside address
+    if any(address in network for network in _IPV4_IN_LAST_32_BITS):
+        return [ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)]
+    return []
+
+
 def is_public(address: IPAddress) -> bool:
-    """Whether `address` is a global unicast address (IPv4 mapped into IPv6 judged as IPv4)."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    """Whether `address` is a global unicast address; one carrying an IPv4 address is judged by it too."""
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return is_public(address.ipv4_mapped)
+        if any(address in network for network in _NOT_GLOBAL_IPV6):
+            return False
+        if not all(is_public(inner) for inner in _embedded_ipv4(address)):
+            return False
     return address.is_global and not address.is_multicast
 
 

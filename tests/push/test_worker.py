@@ -141,6 +141,17 @@ async def test_a_deleted_subscription_is_no_longer_pushed_nor_labelled(
         ("https://8.8.8.8/x", False),
         ("https://[2001:4860:4860::8888]/x", False),
         ("http://8.8.8.8/x", True),
+        # IPv6 addresses that lead to an IPv4 one are judged by it.
+        ("https://[::ffff:169.254.169.254]/x", True),
+        ("https://[64:ff9b::a9fe:a9fe]/x", True),  # NAT64
+        ("https://[64:ff9b::808:808]/x", False),
+        ("https://[::127.0.0.1]/x", True),  # IPv4-compatible
+        ("https://[::ffff:0:a00:1]/x", True),  # SIIT
+        ("https://[2002:a9fe:a9fe::1]/x", True),  # 6to4
+        ("https://[2002:808:808::1]/x", False),
+        ("https://[2001:0:a00:1:8000:63bf:f5ff:fffe]/x", True),  # Teredo
+        ("https://[64:ff9b:1::1]/x", True),  # NAT64 for local use
+        ("https://[fec0::1]/x", True),  # site-local
     ],
 )
 async def test_the_policy_judges_address_literals_without_resolving(url: str, refused: bool) -> None:
