@@ -403,8 +403,7 @@ class Delivery:
                 async for events in self.lease_batches(
                     subscription_id,
                     consumer_id,
-                    Window(max_in_flight),
-                    lease_seconds,
+                    Window(max_in_flight, lease_seconds),
                     idle_seconds=KEEPALIVE_SECONDS,
                     gone=left,
                 ):
@@ -422,7 +421,6 @@ class Delivery:
         subscription_id: str,
         consumer_id: str,
         window: Window,
-        lease_seconds: float,
         *,
         idle_seconds: float = math.inf,
         gone: asyncio.Event | None = None,
@@ -437,8 +435,8 @@ class Delivery:
         and looks again as soon as this process settles one of them (the
         settlement takes it out of `window.held`), another process says it
         settled messages of the subscription (then it asks the database which
-        of its leases are still held), a lease runs out (`lease_seconds`, the
-        ack deadline) or the window's holder wakes it. With room it waits in
+        of its leases are still held), a lease runs out (`window.lease_seconds`,
+        the ack deadline, after it was taken) or the window's holder wakes it. With room it waits in
         the hub's queue like a long-poll. While the database is unreachable it
         keeps waiting (idle batches go on) and resumes when it is back, up to
         the outage limit, then raises DatabaseUnavailableError; other
@@ -497,7 +495,7 @@ class Delivery:
                                 full = len(events) >= min(room, MAX_BATCH_SIZE)
                                 if full:
                                     hub.pass_on(subscription_id, waiter)
-                                self._took(subscription_id, events, held, loop.time() + lease_seconds)
+                                self._took(subscription_id, events, held, loop.time() + window.lease_seconds)
                                 yield events
                                 written = loop.time()
                                 quiet_until = quiet_end(written, idle_seconds)
@@ -527,7 +525,7 @@ class Delivery:
                     # Once its client has gone it ends: hub.waiter gives up what was handed.
                     if not (gone is not None and gone.is_set()) and (events := await take_handoff(waiter)):
                         handed_all = len(events) < min(waiter.demand, MAX_BATCH_SIZE)
-                        self._took(subscription_id, events, held, loop.time() + lease_seconds)
+                        self._took(subscription_id, events, held, loop.time() + window.lease_seconds)
                         yield events
                         written = loop.time()
                         quiet_until = quiet_end(written, idle_seconds)
@@ -557,11 +555,15 @@ class Delivery:
 class Window:
     """How many messages a lease stream may hold unsettled, and those it holds (see Delivery.lease_batches).
 
-    The holder may change `limit` at any time; `wake()` makes the stream look again.
+    `lease_seconds` is how long the leases it takes last: the subscription's
+    ack deadline. The holder may change either at any time (a change of the
+    deadline applies to leases taken afterwards); `wake()` makes the stream
+    look again.
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, lease_seconds: float) -> None:
         self.limit = limit
+        self.lease_seconds = lease_seconds
         self.held: dict[UUID, float] = {}  # messages out, and when (loop time) their leases end
         self.waiter: Waiter | None = None  # while the stream runs
 

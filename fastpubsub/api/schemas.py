@@ -180,7 +180,8 @@ RESERVED_PUSH_HEADERS = frozenset(
     }
 )
 PushHeaderName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")]
-PushHeaderValue = Annotated[str, StringConstraints(max_length=4096, pattern=r"^[^\x00-\x08\x0a-\x1f\x7f]*$")]
+# Printable ASCII and tabs: what every HTTP client sends as is.
+PushHeaderValue = Annotated[str, StringConstraints(max_length=4096, pattern=r"^[\t\x20-\x7e]*$")]
 PUSH_EXAMPLE: dict[str, Any] = {
     "endpoint": "https://hooks.example.com/orders",
     "headers": {"Authorization": "Bearer receiver-token"},
@@ -203,8 +204,9 @@ class PushConfig(Body):
     headers: dict[PushHeaderName, PushHeaderValue] = Field(
         default_factory=dict,
         max_length=MAX_PUSH_HEADERS,
-        description="Sent with every request (e.g. the receiver's own credentials); the webhook-*, "
-        "content and connection headers are fastpubsub's",
+        description="Sent with every request (e.g. the receiver's own credentials), values in printable "
+        "ASCII; the webhook-*, content and connection headers are fastpubsub's, and a User-Agent replaces "
+        "fastpubsub's",
     )
     timeout_seconds: StrictInt = Field(
         default=10, ge=1, le=60, description="A request not answered within this counts as failed"

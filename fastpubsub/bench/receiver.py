@@ -3,10 +3,11 @@
 `python -m fastpubsub.bench.receiver [--port N] [--record FILE] [--fail-first N] [--status CODE] [--delay S]`
 serves HTTP/1.1 with keep-alive on 127.0.0.1 and answers every POST (after
 `--delay` seconds): 204, or `--status` (e.g. 500 for a receiver that always
-fails), or 503 for the first `--fail-first` requests of each `webhook-id`. With `--record`, each
-request is appended to FILE as one JSON line: its headers (lower-cased), its
-body as text, the status it got and when it came (Unix seconds). The first
-line on stdout says where it listens. `GET /stats` answers the request counts
+fails), or 503 for the first `--fail-first` requests of each `webhook-id`.
+With `--record`, each request is appended to FILE as one JSON line: its
+headers (names lower-cased, a repeated one's values joined by ", " as HTTP
+allows), its body as text, the status it got and when it came (Unix seconds).
+The first line on stdout says where it listens. `GET /stats` answers the request counts
 as JSON.
 """
 
@@ -35,6 +36,8 @@ class Receiver:
         self.attempts: collections.Counter[str] = collections.Counter()
         self.requests = 0
         self.succeeded = 0
+        self.in_flight = 0  # requests being answered now, and the most there were at once
+        self.most_in_flight = 0
 
     def answer(self, headers: dict[str, str], body: bytes) -> int:
         self.requests += 1
@@ -59,7 +62,8 @@ class Receiver:
                 for line in lines:
                     if line:
                         name, _, value = line.partition(":")
-                        headers[name.strip().lower()] = value.strip()
+                        name, value = name.strip().lower(), value.strip()
+                        headers[name] = f"{headers[name]}, {value}" if name in headers else value
                 length = int(headers.get("content-length", "0"))
                 if length > MAX_BODY:
                     break
@@ -68,9 +72,14 @@ class Receiver:
                     stats = json.dumps({"requests": self.requests, "succeeded": self.succeeded}).encode()
                     writer.write(_response(200, stats))
                 else:
-                    if self.delay:
-                        await asyncio.sleep(self.delay)
-                    writer.write(_response(self.answer(headers, body)))
+                    self.in_flight += 1
+                    self.most_in_flight = max(self.most_in_flight, self.in_flight)
+                    try:
+                        if self.delay:
+                            await asyncio.sleep(self.delay)
+                        writer.write(_response(self.answer(headers, body)))
+                    finally:
+                        self.in_flight -= 1
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, ValueError, asyncio.LimitOverrunError):
             pass

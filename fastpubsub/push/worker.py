@@ -141,8 +141,8 @@ class Budget:
 class PushWindow(Window):
     """A subscription's lease window: its max_concurrency, within what the worker has left."""
 
-    def __init__(self, limit: int, budget: Budget) -> None:
-        super().__init__(limit)
+    def __init__(self, limit: int, lease_seconds: float, budget: Budget) -> None:
+        super().__init__(limit, lease_seconds)
         self.budget = budget
 
     def room(self) -> int:
@@ -287,6 +287,7 @@ class PushWorker:
             else:
                 line.subscription = subscription
                 line.window.limit = int(subscription.push["max_concurrency"])
+                line.window.lease_seconds = subscription.ack_deadline_seconds
                 line.window.wake()
         used = {_origin(line.subscription.push["endpoint"]) for line in self.lines.values()}
         for origin in [o for o in self._clients if o not in used]:
@@ -295,7 +296,9 @@ class PushWorker:
     # -- lines ---------------------------------------------------------------------------------------
 
     def _start_line(self, subscription: PushSubscription) -> None:
-        window = PushWindow(int(subscription.push["max_concurrency"]), self.budget)
+        window = PushWindow(
+            int(subscription.push["max_concurrency"]), subscription.ack_deadline_seconds, self.budget
+        )
         line = _Line(subscription, window)
         self.budget.windows.add(window)
         line.task = asyncio.create_task(self._lease(line), name=f"fastpubsub-push-{subscription.id}")
@@ -316,11 +319,10 @@ class PushWorker:
         subscription_id = line.subscription.id
         while not self.hub.stopping.is_set():
             try:
-                async for events in self.delivery.lease_batches(
-                    subscription_id, self.consumer_id, line.window, line.subscription.ack_deadline_seconds
-                ):
+                leases = self.delivery.lease_batches(subscription_id, self.consumer_id, line.window)
+                async for events in leases:
                     for _, data in events:
-                        self._send(line, jsoncodec.loads(data))
+                        self._send(line, jsoncodec.loads(data), line.window.lease_seconds)
                 return  # the worker is stopping
             except NotFoundError:
                 return  # deleted: the next refresh forgets it
@@ -328,10 +330,10 @@ class PushWorker:
                 log.warning("pushing %s paused: %s", subscription_id, one_line(exc))
                 await wait_for(self.hub.stopping, 1.0)
 
-    def _send(self, line: _Line, message: dict[str, Any]) -> None:
+    def _send(self, line: _Line, message: dict[str, Any], lease_seconds: float) -> None:
         receipt: str = message["receipt"]
         self.budget.take()
-        task = asyncio.create_task(self._push(line, message), name="fastpubsub-push-request")
+        task = asyncio.create_task(self._push(line, message, lease_seconds), name="fastpubsub-push-request")
         line.sending[receipt] = task
 
         def done(_: asyncio.Task[None]) -> None:
@@ -340,20 +342,25 @@ class PushWorker:
 
         task.add_done_callback(done)
 
-    async def _push(self, line: _Line, message: dict[str, Any]) -> None:
-        """One request; its answer acks or nacks the message, by receipt."""
+    async def _push(self, line: _Line, message: dict[str, Any], lease_seconds: float) -> None:
+        """One request; its answer acks or nacks the message, by receipt.
+
+        `lease_seconds` is how long its lease lasts, as its window counts it:
+        the request ends before, so that the window never frees its place (and
+        no other worker gets the message) while it is in flight.
+        """
         subscription = line.subscription
         push = subscription.push
         body = render(subscription, message)
         secrets = [subscription.secret, *filter(None, [subscription.previous_secret])]
-        headers = {
-            **push.get("headers", {}),
-            "content-type": "application/json",
-            "user-agent": USER_AGENT,
-            **signing.headers(secrets, str(message["id"]), int(time.time()), body),
-        }
+        # The subscription's headers may replace the User-Agent, never the others (schemas.py).
+        headers: dict[str, str] = dict(push.get("headers", {}))
+        if not any(name.lower() == "user-agent" for name in headers):
+            headers["user-agent"] = USER_AGENT
+        headers["content-type"] = "application/json"
+        headers.update(signing.headers(secrets, str(message["id"]), int(time.time()), body))
         # A lease must not run out while its request is in flight (it would be delivered twice).
-        timeout = min(float(push["timeout_seconds"]), max(subscription.ack_deadline_seconds - 1.0, 1.0))
+        timeout = min(float(push["timeout_seconds"]), max(lease_seconds - 1.0, 1.0))
         metrics, sid = self.metrics, subscription.id
         metrics.attempts.labels(sid).inc()
         metrics.in_flight.labels(sid).inc()
@@ -401,6 +408,9 @@ class PushWorker:
         except httpx.ConnectError:
             return "connect"
         except httpx.HTTPError:
+            return "error"
+        except Exception as exc:  # e.g. headers stored in SQL that no request can carry
+            log.warning("push to %s could not be sent: %s: %s", endpoint, type(exc).__name__, one_line(exc))
             return "error"
         status = response.status_code
         if 200 <= status < 300:

@@ -131,6 +131,7 @@ async def test_non_public_endpoints_are_refused_at_creation(api: httpx.AsyncClie
         ({"endpoint": "https://127.0.0.1:99999/hook"}, "not a valid URL"),
         ({"headers": {"webhook-signature": "x"}}, "webhook-signature"),
         ({"headers": {"X-A": "line\nbreak"}}, "headers"),
+        ({"headers": {"X-A": "café"}}, "headers"),
         ({"timeout_seconds": 0}, "timeout_seconds"),
         ({"max_concurrency": 101}, "max_concurrency"),
         ({"other": 1}, "other"),

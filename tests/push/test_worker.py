@@ -14,7 +14,7 @@ from fastpubsub.bench.receiver import Receiver
 from fastpubsub.db import Database
 from fastpubsub.push import signing
 from fastpubsub.push.endpoints import EndpointPolicy, EndpointRefusedError
-from fastpubsub.push.worker import PushWorker
+from fastpubsub.push.worker import USER_AGENT, PushWorker
 from fastpubsub.settings import Settings
 
 
@@ -105,6 +105,7 @@ async def test_headers_concurrency_and_rotation_reach_the_receiver(db: Database,
             await db.publish("t", [{"n": 40}])
             await wait_for(lambda: _acked(db, 41))
     assert {h["x-token"] for h in seen} == {"t0"}
+    assert {h["user-agent"] for h in seen} == {USER_AGENT}
     assert {len(h["webhook-signature"].split()) for h in seen[:40]} == {1}
     last = seen[-1]["webhook-signature"].split()
     assert len(last) == 2  # the new secret and, during the grace period, the previous one
@@ -113,6 +114,73 @@ async def test_headers_concurrency_and_rotation_reach_the_receiver(db: Database,
 
 async def _acked(db: Database, count: int) -> bool:
     return (await db.subscription_metrics("s")).acked == count
+
+
+async def test_a_user_agent_of_the_subscription_replaces_the_workers_own(
+    db: Database, database_url: str
+) -> None:
+    seen: list[dict[str, str]] = []
+    async with receiving() as (receiver, url):
+        original = receiver.answer
+
+        def record(headers: dict[str, str], body: bytes) -> int:
+            seen.append(headers)  # a header sent twice has both values, joined by ", "
+            return original(headers, body)
+
+        receiver.answer = record  # type: ignore[method-assign]
+        await db.create_topic("t")
+        push = {
+            "endpoint": url,
+            "headers": {"User-Agent": "orders-hook/2"},
+            "timeout_seconds": 5,
+            "max_concurrency": 1,
+        }
+        await db.create_subscription("s", "t", push=push, push_secret=signing.new_secret())
+        async with working(database_url, push_allowed_hosts="127.0.0.1"):
+            await db.publish("t", [{"n": 1}])
+            await wait_for(lambda: _acked(db, 1))
+    assert [h["user-agent"] for h in seen] == ["orders-hook/2"]
+    assert seen[0]["content-type"] == "application/json"
+
+
+async def test_headers_no_request_can_carry_fail_the_push_not_the_worker(
+    db: Database, database_url: str
+) -> None:
+    # The API refuses such a value; one stored by SQL is nacked as an error, not left to its lease.
+    async with receiving() as (receiver, url):
+        await db.create_topic("t")
+        push = {"endpoint": url, "headers": {"X-Name": "café"}, "timeout_seconds": 5, "max_concurrency": 1}
+        await db.create_subscription(
+            "s", "t", push=push, push_secret=signing.new_secret(), max_delivery_attempts=1
+        )
+        async with working(database_url, push_allowed_hosts="127.0.0.1") as worker:
+            await db.publish("t", [{"n": 1}])
+            await wait_for(lambda: _dlq(db), 10)  # the lease (30 s) did not have to run out
+            failures = worker.metrics.failures.labels("s", "error")._value.get()
+    assert receiver.requests == 0
+    assert failures == 1
+
+
+async def test_a_changed_ack_deadline_keeps_max_concurrency(db: Database, database_url: str) -> None:
+    # Each request takes 2.5 s, longer than the first deadline of 2 s: after the change to 30 s, the
+    # window must not count a lease as over (and send the next message) while its request runs.
+    async with receiving(delay=2.5) as (receiver, url):
+        await db.create_topic("t")
+        push = {"endpoint": url, "timeout_seconds": 10, "max_concurrency": 1}
+        await db.create_subscription(
+            "s", "t", push=push, push_secret=signing.new_secret(), ack_deadline_seconds=2
+        )
+        async with working(database_url, push_allowed_hosts="127.0.0.1") as worker:
+            await db.update_subscription("s", {"ack_deadline_seconds": 30})
+
+            async def refreshed() -> bool:
+                return worker.lines["s"].window.lease_seconds == 30
+
+            await wait_for(refreshed)
+            await db.publish("t", [{"n": 1}, {"n": 2}])
+            await wait_for(lambda: _acked(db, 2))
+    assert receiver.requests == 2
+    assert receiver.most_in_flight == 1
 
 
 async def test_a_deleted_subscription_is_no_longer_pushed_nor_labelled(

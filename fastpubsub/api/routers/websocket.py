@@ -326,27 +326,21 @@ class Connection:
         if frame.subscription in self.streams:
             raise InvalidInputError(f'already subscribed to "{frame.subscription}"')
         subscription = await self.delivery.hub.subscription(frame.subscription)  # 404 if there is none
-        window = Window(frame.max_in_flight)
+        window = Window(frame.max_in_flight, subscription.ack_deadline_seconds)
         task = asyncio.create_task(
-            self._stream(
-                frame.subscription,
-                frame.consumer_id or self._consumer,
-                window,
-                subscription.ack_deadline_seconds,
-            ),
+            self._stream(frame.subscription, frame.consumer_id or self._consumer, window),
             name=f"fastpubsub-ws-{frame.subscription}",
         )
         self.streams[frame.subscription] = (task, window)
 
-    async def _stream(
-        self, subscription_id: str, consumer_id: str, window: Window, lease_seconds: float
-    ) -> None:
+    async def _stream(self, subscription_id: str, consumer_id: str, window: Window) -> None:
         try:
             async for events in self.delivery.lease_batches(
-                subscription_id, consumer_id, window, lease_seconds, idle_seconds=IDLE_CHECK_SECONDS
+                subscription_id, consumer_id, window, idle_seconds=IDLE_CHECK_SECONDS
             ):
                 if not events:  # nothing for a while: NotFoundError if it was deleted meanwhile
-                    await self.delivery.hub.subscription(subscription_id)
+                    subscription = await self.delivery.hub.subscription(subscription_id)
+                    window.lease_seconds = subscription.ack_deadline_seconds  # it may have changed
                 for _, data in events:
                     await self._send_text('{"type":"message","message":' + data + "}")
         except FastPubSubError as exc:
