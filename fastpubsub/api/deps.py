@@ -16,7 +16,12 @@ from fastpubsub import auth
 from fastpubsub.api.backfill import Backfills
 from fastpubsub.api.delivery import Delivery
 from fastpubsub.db import Database
-from fastpubsub.exceptions import AuthenticationError, PermissionDeniedError
+from fastpubsub.exceptions import (
+    AuthenticationError,
+    DatabaseUnavailableError,
+    PermissionDeniedError,
+    StatementTimeoutError,
+)
 from fastpubsub.scopes import ADMIN_SCOPE, SCOPE_DESCRIPTIONS
 from fastpubsub.settings import Settings
 
@@ -36,7 +41,9 @@ class ClientStateCache:
 
     Revocation (update, disable, delete, secret rotation) takes effect within the
     cache lifetime (at most 5 s by configuration) without a database lookup on
-    every request.
+    every request. While the database cannot be asked, the last state this
+    process read stands (nothing can be revoked meanwhile): requests that need
+    no database, such as /metrics, go on being served to known clients.
     """
 
     ttl: float
@@ -47,7 +54,12 @@ class ClientStateCache:
         now = time.monotonic()
         entry = self._entries.get(claims.client_id)
         if entry is None or entry[0] <= now:
-            state = await db.client_token_state(claims.client_id)
+            try:
+                state = await db.client_token_state(claims.client_id)
+            except (DatabaseUnavailableError, StatementTimeoutError):
+                if entry is None:
+                    raise
+                return entry[1] and entry[2] == claims.token_version
             entry = (
                 now + self.ttl,
                 state is not None and state.is_active,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -9,8 +10,10 @@ from collections.abc import Callable
 import httpx
 import pytest
 
+from fastpubsub import migrate
 from fastpubsub.embedded import EmbeddedPostgres
-from tests.e2e.conftest import Server, serve_migrated
+from tests.api.conftest import SECRET_KEY, create_client_record
+from tests.e2e.conftest import Server, base_env, serve_migrated
 
 pytestmark = pytest.mark.slow
 
@@ -83,3 +86,28 @@ def test_database_stopped_then_started(
         assert response.status_code == 200, response.text
         assert [m["payload"] for m in response.json()["data"]] == [{"woken": True}]
         assert result["elapsed"] < 3  # type: ignore[operator]
+
+
+def test_metrics_are_scraped_with_a_token_while_the_database_is_down(
+    own_postgres: EmbeddedPostgres, run_server: Callable[..., Server]
+) -> None:
+    # A token's revocation cannot be checked without the database; the state last read for its
+    # client stands meanwhile, so Prometheus keeps its counters through an outage, as with auth off.
+    running = own_postgres.running()
+    assert running is not None
+    url = running.url()
+    migrate.upgrade(url)
+    client_id, secret = asyncio.run(create_client_record(url, "metrics:read"))
+    env = base_env(url, auth_enabled="true", auth_secret_key=SECRET_KEY, auth_client_cache_seconds="1")
+    server = run_server(env, workers=1)
+    with server.client() as http:
+        token = http.post("/oauth/token", json={"client_id": client_id, "client_secret": secret})
+        headers = {"Authorization": f"Bearer {token.json()['access_token']}"}
+        assert http.get("/metrics", headers=headers).status_code == 200
+        own_postgres.stop()
+        time.sleep(5.5)  # the client's state is older than its cache's second, the gauges than their 5 s
+        for _ in range(3):
+            response = http.get("/metrics", headers=headers)
+            assert response.status_code == 200, response.text
+            assert "fastpubsub_backlog_up 0.0" in response.text
+        assert http.get("/metrics").status_code == 401  # a token is still needed
