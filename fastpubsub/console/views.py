@@ -462,7 +462,10 @@ async def set_active(request: Request, client_id: UUID) -> Response:
     principal, form = await signed_form(request)
     active = forms.text(form, "active") == "true"
     state = request.app.state
-    current = await clients.get_client(client_id, state.database, principal)
+    # Its name and scopes stay as they are: read here, not through GET /clients/{id}, which would
+    # ask for clients:read on top of the clients:update that PUT asks for.
+    principal.require("clients:update", str(client_id))  # before saying whether it exists
+    current = await state.database.get_client(client_id)
     body = ClientUpdate(name=current.name, scopes=current.scopes, is_active=active)
     await clients.update_client(client_id, body, request, state.database, principal, state.settings)
     return back("/console/clients", "enabled" if active else "disabled")

@@ -203,6 +203,34 @@ async def admin_console(
     return secured_console, admin_id
 
 
+async def test_disabling_a_client_needs_what_the_api_needs(
+    secured_console: httpx.AsyncClient, database_url: str
+) -> None:
+    # PUT /clients/{id} asks for clients:update (and the target's scopes), not clients:read.
+    manager_id, manager_secret = await create_client_record(database_url, "clients:update")
+    target_id, target_secret = await create_client_record(database_url, "clients:update")
+    await sign_in(secured_console, manager_id, manager_secret)
+    disabled = await post_form(
+        secured_console, "/console", f"/console/clients/{target_id}/active", active="false"
+    )
+    assert disabled.status_code == 303, disabled.text
+    token = {"client_id": target_id, "client_secret": target_secret}
+    assert (await secured_console.post("/oauth/token", json=token)).status_code == 401
+    missing = await post_form(
+        secured_console,
+        "/console",
+        "/console/clients/00000000-0000-4000-8000-000000000000/active",
+        active="true",
+    )
+    assert missing.status_code == 404
+    reader_id, reader_secret = await create_client_record(database_url, "clients:read")
+    await sign_in(secured_console, reader_id, reader_secret)
+    refused = await post_form(
+        secured_console, "/console", f"/console/clients/{target_id}/active", active="true"
+    )
+    assert refused.status_code == 403
+
+
 async def test_sign_in_keeps_the_token_in_a_strict_httponly_cookie(
     secured_console: httpx.AsyncClient, database_url: str
 ) -> None:
