@@ -88,8 +88,8 @@ async def principal(request: Request) -> Principal:
     if not request.app.state.settings.auth_enabled:
         return await authenticate(request.app.state, None)
     token = request.cookies.get(TOKEN_COOKIE)
-    if not token:
-        raise NotSignedIn()
+    if not token:  # never signed in, or the cookie ended with the token's lifetime
+        raise NotSignedIn("you are not signed in, or your session has ended: sign in again")
     try:
         return await authenticate(request.app.state, f"Bearer {token}")
     except AuthenticationError as exc:

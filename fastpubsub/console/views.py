@@ -14,7 +14,7 @@ import functools
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, ParamSpec
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 from uuid import UUID
 
 import orjson
@@ -137,11 +137,13 @@ def page(
         except session.NotSignedIn as exc:
             if request.method == "GET":
                 return RedirectResponse(
-                    f"/console/login?next={quote(request.url.path)}",
+                    f"/console/login?next={quote(_here(request), safe='/')}",
                     status_code=303,
                     headers={"Cache-Control": "no-store"},
                 )
-            return render(request, "login.html", {"error": str(exc), "next": "/console"}, status=401)
+            # A form sent once the session had ended: nothing was done; back to its page afterwards.
+            context = {"error": f"{exc} (the form was not sent)", "next": _form_page(request)}
+            return render(request, "login.html", context, status=401)
         except ValidationError as exc:
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in e['loc']) or 'form'}: {e['msg']}" for e in exc.errors()
@@ -160,6 +162,20 @@ def page(
 def _next(value: str) -> str:
     """Only a console path is a place to go after signing in (never another site)."""
     return value if value.startswith("/console") and not value.startswith("//") else "/console"
+
+
+def _here(request: Request) -> str:
+    """The path and query of this request."""
+    query = request.url.query
+    return request.url.path + (f"?{query}" if query else "")
+
+
+def _form_page(request: Request) -> str:
+    """The console page a form was sent from (its Referer, when it is one of ours), else the overview."""
+    referer = urlsplit(request.headers.get("referer", ""))
+    if referer.netloc != request.url.netloc:
+        return "/console"
+    return _next(referer.path + (f"?{referer.query}" if referer.query else ""))
 
 
 @router.get("/login")

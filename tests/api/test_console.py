@@ -231,6 +231,43 @@ async def test_disabling_a_client_needs_what_the_api_needs(
     assert refused.status_code == 403
 
 
+async def test_signing_in_again_leads_back_to_where_the_user_was(
+    secured_console: httpx.AsyncClient, database_url: str
+) -> None:
+    console = secured_console
+    # A page's query (which page of a list) survives the way through the sign-in page.
+    first = await console.get("/console/topics/orders", params={"offset": "50"})
+    assert first.headers["location"] == "/console/login?next=/console/topics/orders%3Foffset%3D50"
+    client_id, secret = await create_client_record(database_url, "*")
+    signed = await post_form(
+        console,
+        first.headers["location"],
+        "/console/login",
+        client_id=client_id,
+        client_secret=secret,
+        next="/console/topics/orders?offset=50",
+    )
+    assert signed.headers["location"] == "/console/topics/orders?offset=50"
+    # A form sent after the session ended (its cookie gone with the token): the sign-in page says
+    # nothing was sent and leads back to the form's page, not to the overview.
+    console.cookies.delete(TOKEN_COOKIE, path="/console")
+    sent = await console.post(
+        "/console/topics/orders/publish",
+        data={"payload": "{}"},
+        headers={"Referer": "http://api/console/topics/orders?offset=50"},
+    )
+    assert sent.status_code == 401
+    assert "your session has ended" in sent.text
+    assert "the form was not sent" in sent.text
+    assert 'name="next" value="/console/topics/orders?offset=50"' in sent.text
+    elsewhere = await console.post(
+        "/console/topics/orders/publish",
+        data={"payload": "{}"},
+        headers={"Referer": "http://other/console/x"},
+    )
+    assert 'name="next" value="/console"' in elsewhere.text
+
+
 async def test_sign_in_keeps_the_token_in_a_strict_httponly_cookie(
     secured_console: httpx.AsyncClient, database_url: str
 ) -> None:
