@@ -68,6 +68,7 @@ _REFUSED_FOR_GOOD = (
     "permission denied",
     "no password supplied",
     "SSL",
+    "connection is bad",  # libpq refused the URL's options before connecting (sslmode, port, ...)
 )
 
 

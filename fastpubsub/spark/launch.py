@@ -193,7 +193,7 @@ def to_jdbc(url: str) -> JdbcTarget:
         return JdbcTarget(base + ("?" + "&".join(kept) if kept else ""), user, password)
     try:
         parsed = make_url(url)
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number, an open bracket
         raise InvalidInputError(f"not a database URL: {mask_url(url)}") from None
     if parsed.get_backend_name() != "postgresql":
         raise InvalidInputError(f"not a PostgreSQL URL: {mask_url(url)}")
@@ -255,7 +255,10 @@ def parse_time(value: str, now: datetime | None = None) -> datetime:
     if match:
         unit = match.group(2).lower()
         seconds = float(match.group(1)) * _UNITS.get(unit, _UNITS.get(unit[0], 0))
-        return now - timedelta(seconds=seconds)
+        try:
+            return now - timedelta(seconds=seconds)
+        except OverflowError:
+            raise InvalidInputError(f'"{value}" reaches back before the year 1') from None
     try:
         parsed = datetime.fromisoformat(value.strip())
     except ValueError:

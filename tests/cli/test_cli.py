@@ -449,6 +449,22 @@ def test_a_missing_database_or_role_gives_the_server_reason(
         assert "TopSecret99" not in result.output
 
 
+@pytest.mark.parametrize(
+    ("query", "reason"),
+    [("?sslmode=bogus", 'invalid sslmode value: "bogus"'), ("?port=99999", 'invalid port number: "99999"')],
+)
+def test_a_url_libpq_refuses_is_a_configuration_error(
+    invoke_offline: Invoke, query: str, reason: str
+) -> None:
+    # Refused before any connection is tried: retrying cannot help.
+    url = f"postgresql://u:TopSecret99@127.0.0.1:{free_port()}/db{query}"
+    result = invoke_offline("list-clients", database_url=url)
+    assert result.exit_code == 6, result.output
+    assert reason in result.stderr
+    assert "retry" not in result.stderr
+    assert "TopSecret99" not in result.output
+
+
 def test_an_unreachable_database_gives_the_reason_and_says_retry(invoke_offline: Invoke) -> None:
     port = free_port()
     result = invoke_offline("list-clients", database_url=f"postgresql://u:TopSecret99@127.0.0.1:{port}/db")

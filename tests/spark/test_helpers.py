@@ -156,7 +156,15 @@ def test_to_jdbc(url: str, jdbc: str, user: str, password: str | None) -> None:
 
 
 @pytest.mark.parametrize(
-    "url", ["mysql://u:p@h/db", "not a url", "postgresql:///db?host=/tmp", "jdbc:mysql://h/db"]
+    "url",
+    [
+        "mysql://u:p@h/db",
+        "not a url",
+        "postgresql:///db?host=/tmp",
+        "jdbc:mysql://h/db",
+        "postgresql://u:p@127.0.0.1:abc/x",  # a port that is not a number
+        "postgresql://u:p@[::1/x",  # an open bracket
+    ],
 )
 def test_to_jdbc_rejects(url: str) -> None:
     with pytest.raises(InvalidInputError):
@@ -197,7 +205,7 @@ def test_parse_time(value: str, expected: datetime) -> None:
     assert helpers.parse_time(value, NOW) == expected
 
 
-@pytest.mark.parametrize("value", ["yesterday", "24", "h", "-3h", "2026-13-01"])
+@pytest.mark.parametrize("value", ["yesterday", "24", "h", "-3h", "2026-13-01", "99999999d", "2000000d"])
 def test_parse_time_rejects(value: str) -> None:
     with pytest.raises(InvalidInputError):
         helpers.parse_time(value, NOW)
