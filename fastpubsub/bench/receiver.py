@@ -58,7 +58,7 @@ class Receiver:
                 head = await reader.readuntil(b"\r\n\r\n")
                 request_line, *lines = head.decode("latin-1").split("\r\n")
                 method, path, _ = request_line.split(" ", 2)
-                headers = {}
+                headers: dict[str, str] = {}
                 for line in lines:
                     if line:
                         name, _, value = line.partition(":")

@@ -31,7 +31,14 @@ from fastpubsub.api.schemas import (
     SubscriptionOut,
     TopicOut,
 )
-from fastpubsub.client.aio import UNSET, AsyncClient, ClientOptions, PublishOptions
+from fastpubsub.client.aio import (
+    UNSET,
+    AsyncClient,
+    ClientOptions,
+    PublishOptions,
+    PushSettings,
+    SubscriptionPolicies,
+)
 from fastpubsub.client.errors import (
     AlreadyExistsError,
     APIError,
@@ -95,12 +102,14 @@ __all__ = [
     "PublishOptions",
     "Publisher",
     "PublisherStats",
+    "PushSettings",
     "Retry",
     "SeekResult",
     "ServerUnavailableError",
     "StreamTransport",
     "Subscriber",
     "SubscriptionOut",
+    "SubscriptionPolicies",
     "TopicOut",
     "Transport",
     "WebSocketTransport",

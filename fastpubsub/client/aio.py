@@ -8,7 +8,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Final, Literal, TypedDict, Unpack
+from typing import Any, Final, Literal, Required, TypedDict, Unpack
 from uuid import UUID
 
 import httpx
@@ -106,6 +106,17 @@ class PublishOptions(TypedDict, total=False):
     """Never delivered from this time on (timezone-aware)."""
 
 
+class PushSettings(TypedDict, total=False):
+    """Where and how a push subscription's messages are POSTed (README, Push subscriptions)."""
+
+    endpoint: Required[str]
+    headers: Mapping[str, str]
+    """Sent with every request (printable ASCII); webhook-*, content and connection ones are fastpubsub's."""
+    timeout_seconds: int
+    max_concurrency: int
+    """Requests in flight per push-worker process."""
+
+
 class SubscriptionPolicies(TypedDict, total=False):
     """A subscription's delivery policy (see POST /subscriptions); what is left out takes its default."""
 
@@ -123,6 +134,9 @@ class SubscriptionPolicies(TypedDict, total=False):
     max_backlog: int | None
     """Messages waiting, in flight or delayed at most (None, in an update: no limit)."""
     backlog_policy: Literal["reject", "drop_oldest"]
+    push: PushSettings | None
+    """Deliver by HTTPS POST (`fastpubsub push-worker`); None, in an update: a pull subscription again.
+    The answer that makes it a push subscription carries its signing secret (`push.secret`), once."""
 
 
 class AsyncClient(AsyncClosing):
@@ -267,6 +281,17 @@ class AsyncClient(AsyncClosing):
         if not isinstance(filter, _Unset):
             body["filter"] = filter
         answer = await self._json("PATCH", path("subscriptions", subscription_id), body=body, idempotent=True)
+        return SubscriptionOut.model_validate(answer)
+
+    async def rotate_push_secret(self, subscription_id: str, grace_seconds: int = 86400) -> SubscriptionOut:
+        """A new signing secret for a push subscription, in `push.secret` of the answer (shown once);
+        the current one keeps signing beside it for `grace_seconds` (0: it stops at once)."""
+        answer = await self._json(
+            "POST",
+            path("subscriptions", subscription_id, "push", "secret"),
+            body={"grace_seconds": grace_seconds},
+            idempotent=False,
+        )
         return SubscriptionOut.model_validate(answer)
 
     async def delete_subscription(self, subscription_id: str) -> None:

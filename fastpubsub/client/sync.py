@@ -120,6 +120,7 @@ class Client(Closing):
     list_subscriptions = blocking(AsyncClient.list_subscriptions)
     get_subscription = blocking(AsyncClient.get_subscription)
     update_subscription = blocking(AsyncClient.update_subscription)
+    rotate_push_secret = blocking(AsyncClient.rotate_push_secret)
     delete_subscription = blocking(AsyncClient.delete_subscription)
     seek = blocking(AsyncClient.seek)
     metrics = blocking(AsyncClient.metrics)

@@ -302,7 +302,9 @@ class WebSocketTransport(HttpSettlement):
             except ConnectionClosed as exc:
                 code = exc.rcvd.code if exc.rcvd is not None else None
                 if code in _FINAL_CLOSES:
-                    raise _FINAL_CLOSES[code](exc.rcvd.reason if exc.rcvd else None, status=code) from None
+                    # 4404 stands for HTTP's 404: `.status` is the HTTP status, as for every APIError.
+                    reason = exc.rcvd.reason if exc.rcvd else None
+                    raise _FINAL_CLOSES[code](reason, status=code - 4000) from None
                 failures += 1
                 await pause_after_failure(session, failures, exc)
             except (*TRANSIENT, InvalidHandshake, OSError, TimeoutError) as exc:

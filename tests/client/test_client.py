@@ -225,3 +225,35 @@ def test_settling_by_receipt_touches_only_the_lease_it_names(server: Server) -> 
         assert len(dead.dead_lettered) == 2
         metrics = client.metrics("s")
         assert (metrics.acked, metrics.dlq, metrics.delivered) == (1, 2, 0)
+
+
+def test_push_subscriptions_are_made_rotated_and_ended_with_the_sdk(
+    database_url: str, run_server: Any
+) -> None:
+    # No push-worker runs: nothing is sent to the (loopback) endpoint.
+    from tests.e2e.conftest import base_env
+
+    env = base_env(database_url, push_allow_http="true", push_allowed_hosts="127.0.0.1")
+    server = run_server(env, workers=1)
+    endpoint = f"http://127.0.0.1:{free_port()}/hook"
+    with Client(server.url) as client:
+        client.create_topic("t")
+        made = client.create_subscription(
+            "s", "t", push={"endpoint": endpoint, "headers": {"X-Token": "t0"}}, ack_deadline_seconds=30
+        )
+        assert made.push is not None
+        assert (made.push.endpoint, made.push.headers) == (endpoint, {"X-Token": "t0"})
+        first = made.push.secret
+        assert first is not None
+        assert first.startswith("whsec_")
+        assert client.get_subscription("s").push.secret is None  # type: ignore[union-attr]  # shown once
+        rotated = client.rotate_push_secret("s", grace_seconds=60)
+        assert rotated.push is not None
+        assert rotated.push.secret not in (None, first)
+        assert rotated.push.previous_secret_valid_until is not None
+        changed = client.update_subscription("s", push={"endpoint": endpoint, "max_concurrency": 2})
+        assert changed.push is not None
+        assert changed.push.max_concurrency == 2
+        assert client.update_subscription("s", push=None).push is None  # a pull subscription again
+        with pytest.raises(InvalidInputError, match="not a push subscription"):
+            client.rotate_push_secret("s")

@@ -104,8 +104,9 @@ def test_errors_that_retrying_cannot_fix_stop_the_consumer(server: Server) -> No
         client.create_topic("t")
         subscriber = Subscriber(client)
         subscriber.subscribe("nope", lambda message: None, transport="websocket", ack_deadline_seconds=30)
-        with pytest.raises(NotFoundError):
+        with pytest.raises(NotFoundError) as missing:
             subscriber.run(handle_signals=False)
+        assert missing.value.status == 404  # HTTP's status, as from the other transports (closed with 4404)
         client.create_subscription("s", "t")
         subscriber = Subscriber(client)
         subscriber.subscribe("s", lambda message: None, transport="websocket")
@@ -124,5 +125,6 @@ def test_a_token_without_the_consume_scope_is_refused(secured: Server) -> None: 
     with Client(secured.url, client_id=reader_id, client_secret=reader_secret) as client:
         subscriber = Subscriber(client)
         subscriber.subscribe("s", lambda message: None, transport="websocket")
-        with pytest.raises(PermissionDeniedError):
+        with pytest.raises(PermissionDeniedError) as refused:
             subscriber.run(handle_signals=False)
+        assert refused.value.status == 403
