@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -43,9 +44,11 @@ from urllib.parse import urlsplit
 import httpcore
 import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from pydantic import ValidationError
 
 from fastpubsub import __version__, jsoncodec
 from fastpubsub.api.delivery import Delivery, Window, wait_for
+from fastpubsub.api.schemas import PushConfig
 from fastpubsub.api.wakeups import WakeHub
 from fastpubsub.db import Database
 from fastpubsub.exceptions import FastPubSubError, NotFoundError
@@ -253,6 +256,7 @@ class PushWorker:
         self.consumer_id = consumer_id or f"push-{socket.gethostname()[:100]}-{os.getpid()}"
         self.metrics = PushMetrics(registry or CollectorRegistry())
         self.lines: dict[str, _Line] = {}
+        self._refused: dict[str, str] = {}  # subscriptions not pushed: what is wrong with each
         self._clients: dict[tuple[str, str, int | None], httpx.AsyncClient] = {}
         self._stopping = asyncio.Event()
         self.ready = asyncio.Event()  # set once the subscriptions were read the first time
@@ -276,8 +280,15 @@ class PushWorker:
             await self._shut_down()
 
     async def refresh(self) -> None:
-        """Read the push subscriptions: start new ones, apply changes, stop those that went."""
-        current = {subscription.id: subscription for subscription in await self.database.push_subscriptions()}
+        """Read the push subscriptions: start new ones, apply changes, stop those that went.
+
+        One whose configuration the API would refuse (set in SQL) is not pushed, and said so once.
+        """
+        current = {
+            subscription.id: subscription
+            for subscription in map(self._usable, await self.database.push_subscriptions())
+            if subscription is not None
+        }
         for subscription_id in [s for s in self.lines if s not in current]:
             self._end_line(subscription_id)
         for subscription in current.values():
@@ -292,6 +303,21 @@ class PushWorker:
         used = {_origin(line.subscription.push["endpoint"]) for line in self.lines.values()}
         for origin in [o for o in self._clients if o not in used]:
             await self._clients.pop(origin).aclose()
+
+    def _usable(self, subscription: PushSubscription) -> PushSubscription | None:
+        """The subscription with its configuration as the API would store it (defaults filled in), or
+        None (with a warning, once for each configuration) when it could not be pushed."""
+        try:
+            config = PushConfig.model_validate(subscription.push)
+        except ValidationError as exc:
+            problem = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'push'}: {e['msg']}" for e in exc.errors())
+        else:
+            self._refused.pop(subscription.id, None)
+            return dataclasses.replace(subscription, push=config.model_dump())
+        if self._refused.get(subscription.id) != problem:
+            self._refused[subscription.id] = problem
+            log.warning("push subscription %s is not pushed: %s", subscription.id, problem)
+        return None
 
     # -- lines ---------------------------------------------------------------------------------------
 
