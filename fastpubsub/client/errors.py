@@ -77,7 +77,7 @@ class DatabaseUnavailableError(APIError, exceptions.DatabaseUnavailableError):
 
 
 class ServerUnavailableError(exceptions.ServerUnavailableError):
-    """The server cannot be reached."""
+    """The server cannot be reached, or did not answer a request (which it may have carried out)."""
 
 
 _BY_STATUS: dict[int, type[APIError]] = {

@@ -211,9 +211,11 @@ class Connection:
                     retries += 1
                     continue
                 reason = str(exc) or type(exc).__name__
-                raise errors.ServerUnavailableError(
-                    f"the server at {self.http.base_url} cannot be reached ({reason})"
-                ) from exc
+                if isinstance(exc, _NOT_SENT):
+                    problem = f"cannot be reached ({reason})"
+                else:  # sent, and not answered: it may have been carried out
+                    problem = f"did not answer ({reason}): the request may have been carried out"
+                raise errors.ServerUnavailableError(f"the server at {self.http.base_url} {problem}") from exc
             if response.status_code < 400:
                 return response
             await response.aread()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
@@ -131,6 +132,31 @@ def test_an_unreachable_server_is_a_server_unavailable_error() -> None:
         pytest.raises(ServerUnavailableError, match="cannot be reached"),
     ):
         client.list_topics()
+
+
+async def test_a_request_sent_and_not_answered_may_have_been_carried_out() -> None:
+    # A server that takes the request and never answers: a publish is not repeated (it has no
+    # idempotency key), and the error says it may have been stored, not that nothing was reached.
+    requests = 0
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal requests
+        await reader.readuntil(b"\r\n\r\n")
+        requests += 1
+        await asyncio.sleep(5)
+        writer.close()
+
+    listener = await asyncio.start_server(silent, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
+    try:
+        async with AsyncClient(url, timeout=0.5) as client:
+            with pytest.raises(ServerUnavailableError) as lost:
+                await client.publish("t", {"n": 1})
+    finally:
+        listener.close()
+    assert requests == 1
+    assert "did not answer" in str(lost.value)
+    assert "may have been carried out" in str(lost.value)
 
 
 async def test_async_client_and_its_stream(server: Server) -> None:
