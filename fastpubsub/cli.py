@@ -927,6 +927,8 @@ def report(
 
     def prepare() -> tuple[Any, Any, str | None]:
         start, end = launch.parse_window(since, until)
+        if out.exists() and not out.is_dir():
+            raise InvalidInputError(f"--out {out} is a file, not a directory for the reports")
         return start, end, launch.archive_destination(archive) if archive else None
 
     def work(spark: Any, target: Any, url: str, prepared: tuple[Any, Any, str | None], progress: Any) -> str:

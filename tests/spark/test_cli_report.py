@@ -77,6 +77,15 @@ def test_bad_since(invoke: Any) -> None:
     assert "yesterday" in one_line_error(result)
 
 
+def test_an_out_that_is_a_file_is_refused_before_spark_starts(invoke: Any, tmp_path: Path) -> None:
+    taken = tmp_path / "reports"
+    taken.write_text("not a directory")
+    result = invoke("--out", str(taken), "--database-url", "postgresql://u@127.0.0.1:1/db")
+    assert result.exit_code == 2
+    assert one_line_error(result) == f"error: --out {taken} is a file, not a directory for the reports"
+    assert taken.read_text() == "not a directory"
+
+
 def test_database_unreachable(invoke: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(helpers, "find_java", lambda: Path("/usr/bin/java"))
     monkeypatch.setattr(
