@@ -199,7 +199,10 @@ async def login(request: Request) -> Response:
         )
     except oauth.OAuthError as exc:
         context = {"error": exc.description, "next": target, "client_id": forms.text(form, "client_id")}
-        return render(request, "login.html", context, status=exc.status)
+        refused = render(request, "login.html", context, status=exc.status)
+        if exc.retry_after:  # too many failed attempts: when to try again, as POST /oauth/token says
+            refused.headers["Retry-After"] = str(exc.retry_after)
+        return refused
     response = RedirectResponse(target, status_code=303, headers={"Cache-Control": "no-store"})
     session.sign_in(request, response, token.access_token, token.expires_in)
     return response

@@ -371,3 +371,18 @@ async def test_clients_are_made_rotated_and_disabled_from_the_console(
     # A revoked session is signed out: the next page asks to sign in again.
     await post_form(console, "/console/clients", f"/console/clients/{manager_id}/secret")
     assert (await console.get("/console/clients")).status_code == 303
+
+
+async def test_too_many_failed_sign_ins_say_when_to_try_again(
+    make_api: ClientFactory, database_url: str
+) -> None:
+    console = await make_api(
+        auth_enabled=True, auth_max_failed_attempts=2, auth_failed_attempts_window_seconds=60
+    )
+    client_id, secret = await create_client_record(database_url, "*")
+    for _ in range(2):
+        assert (await sign_in(console, client_id, "wrong")).status_code == 401
+    refused = await sign_in(console, client_id, secret)
+    assert refused.status_code == 429
+    assert 0 < int(refused.headers["retry-after"]) <= 60  # as POST /oauth/token answers
+    assert "too many failed attempts" in refused.text
