@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from fastpubsub import migrate
 from fastpubsub.client import (
     AsyncClient,
     AsyncPublisher,
@@ -22,7 +21,7 @@ from fastpubsub.client import (
     Retry,
 )
 from fastpubsub.embedded import EmbeddedPostgres
-from tests.e2e.conftest import Server, base_env
+from tests.e2e.conftest import Server, base_env, migrated
 
 
 def payload(n: int) -> dict[str, Any]:
@@ -133,10 +132,7 @@ async def test_async_publisher_returns_awaitables(server: Server) -> None:
 def test_keyed_messages_are_retried_through_a_database_outage_and_stored_once(
     own_postgres: EmbeddedPostgres, run_server: Callable[..., Server]
 ) -> None:
-    running = own_postgres.running()
-    assert running is not None
-    migrate.upgrade(running.url())
-    server = run_server(base_env(running.url()))
+    server = run_server(base_env(migrated(own_postgres)))
     patient = Retry(attempts=40, backoff_min=0.1, backoff_max=0.5)
     with Client(server.url, retry=patient) as client:
         client.create_topic("t")

@@ -113,9 +113,18 @@ def own_postgres(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
         yield pg
 
 
-def serve_migrated(pg: EmbeddedPostgres, run_server: Callable[..., Server]) -> tuple[Server, str]:
-    """Migrate `pg` and start a server on it; the server and a libpq URL of the database."""
+def migrated(pg: EmbeddedPostgres) -> str:
+    """Migrate the running `pg`; its URL."""
     running = pg.running()
     assert running is not None
-    migrate.upgrade(running.url())
-    return run_server(base_env(running.url())), running.url(driver="")
+    url = running.url()
+    migrate.upgrade(url)
+    return url
+
+
+def serve_migrated(pg: EmbeddedPostgres, run_server: Callable[..., Server]) -> tuple[Server, str]:
+    """Migrate `pg` and start a server on it; the server and a libpq URL of the database."""
+    server = run_server(base_env(migrated(pg)))
+    running = pg.running()
+    assert running is not None
+    return server, running.url(driver="")

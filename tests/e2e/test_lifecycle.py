@@ -14,9 +14,9 @@ import httpx
 import psutil
 import pytest
 
-from fastpubsub import metrics_folder, migrate
+from fastpubsub import metrics_folder
 from fastpubsub.embedded import EmbeddedPostgres, free_port
-from tests.e2e.conftest import Server, base_env
+from tests.e2e.conftest import Server, base_env, migrated
 
 pytestmark = pytest.mark.slow
 
@@ -124,10 +124,7 @@ def test_workers_stop_when_the_main_process_is_killed_and_a_new_server_starts(
 def test_a_stream_rides_out_a_database_restart(
     own_postgres: EmbeddedPostgres, run_server: Callable[..., Server]
 ) -> None:
-    running = own_postgres.running()
-    assert running is not None
-    url = running.url()
-    migrate.upgrade(url)
+    url = migrated(own_postgres)
     server = run_server(base_env(url))
     prepare(server)
     events: list[str] = []

@@ -10,10 +10,9 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from fastpubsub import migrate
 from fastpubsub.embedded import EmbeddedPostgres
 from tests.api.conftest import SECRET_KEY, create_client_record
-from tests.e2e.conftest import Server, base_env, serve_migrated
+from tests.e2e.conftest import Server, base_env, migrated, serve_migrated
 
 pytestmark = pytest.mark.slow
 
@@ -93,10 +92,7 @@ def test_metrics_are_scraped_with_a_token_while_the_database_is_down(
 ) -> None:
     # A token's revocation cannot be checked without the database; the state last read for its
     # client stands meanwhile, so Prometheus keeps its counters through an outage, as with auth off.
-    running = own_postgres.running()
-    assert running is not None
-    url = running.url()
-    migrate.upgrade(url)
+    url = migrated(own_postgres)
     client_id, secret = asyncio.run(create_client_record(url, "metrics:read"))
     env = base_env(url, auth_enabled="true", auth_secret_key=SECRET_KEY, auth_client_cache_seconds="1")
     server = run_server(env, workers=1)
