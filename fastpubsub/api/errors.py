@@ -131,6 +131,11 @@ def validation_problems(errors: Sequence[Any]) -> list[dict[str, Any]]:
     return [{key: error[key] for key in ("loc", "msg", "type") if key in error} for error in errors]
 
 
+def validation_text(errors: Sequence[Any], whole: str = "") -> str:
+    """Validation errors in one line: `where: what` each, `whole` where the input as a whole is at fault."""
+    return "; ".join(f"{'.'.join(map(str, error['loc'])) or whole}: {error['msg']}" for error in errors)
+
+
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     return error_response(422, validation_problems(exc.errors()))

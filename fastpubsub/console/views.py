@@ -145,9 +145,7 @@ def page(
             context = {"error": f"{exc} (the form was not sent)", "next": _form_page(request)}
             return render(request, "login.html", context, status=401)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'form'}: {e['msg']}" for e in exc.errors()
-            )
+            problems = errors.validation_text(exc.errors(), "form")
             return render(request, "error.html", {"status": 422, "detail": problems}, status=422)
         except FastPubSubError as exc:
             status = errors.STATUS.get(type(exc), 0) or next(

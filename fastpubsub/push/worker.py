@@ -48,6 +48,7 @@ from pydantic import ValidationError
 
 from fastpubsub import __version__, jsoncodec
 from fastpubsub.api.delivery import Delivery, Window, wait_for
+from fastpubsub.api.errors import validation_text
 from fastpubsub.api.schemas import PushConfig
 from fastpubsub.api.wakeups import WakeHub
 from fastpubsub.db import Database
@@ -310,7 +311,7 @@ class PushWorker:
         try:
             config = PushConfig.model_validate(subscription.push)
         except ValidationError as exc:
-            problem = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'push'}: {e['msg']}" for e in exc.errors())
+            problem = validation_text(exc.errors(), "push")
         else:
             self._refused.pop(subscription.id, None)
             return dataclasses.replace(subscription, push=config.model_dump())

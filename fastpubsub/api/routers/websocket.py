@@ -37,7 +37,7 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 from fastpubsub import jsoncodec
 from fastpubsub.api.delivery import Delivery, Window
 from fastpubsub.api.deps import Principal, authenticate
-from fastpubsub.api.errors import status_for, validation_problems
+from fastpubsub.api.errors import status_for, validation_problems, validation_text
 from fastpubsub.api.schemas import (
     MAX_CONSUMER_ID_LENGTH,
     ConsumerId,
@@ -473,7 +473,7 @@ async def websocket_subscription(websocket: WebSocket, subscription_id: str) -> 
         subscribe = _query_subscribe(websocket, subscription_id)
     except ValidationError as exc:
         await websocket.accept()
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        problems = validation_text(exc.errors())
         await websocket.close(CLOSE_INVALID, problems[:120])
         return
     await connection.serve(subscribe)
