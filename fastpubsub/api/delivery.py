@@ -436,8 +436,8 @@ class Delivery:
         settlement takes it out of `window.held`), another process says it
         settled messages of the subscription (then it asks the database which
         of its leases are still held), a lease runs out (`window.lease_seconds`,
-        the ack deadline, after it was taken) or the window's holder wakes it. With room it waits in
-        the hub's queue like a long-poll. While the database is unreachable it
+        the ack deadline, after it was taken) or the window's holder wakes it.
+        With room it waits in the hub's queue like a long-poll. While the database is unreachable it
         keeps waiting (idle batches go on) and resumes when it is back, up to
         the outage limit, then raises DatabaseUnavailableError; other
         fastpubsub errors (the subscription was deleted, ...) end it too. It

@@ -7,8 +7,8 @@ fails), or 503 for the first `--fail-first` requests of each `webhook-id`.
 With `--record`, each request is appended to FILE as one JSON line: its
 headers (names lower-cased, a repeated one's values joined by ", " as HTTP
 allows), its body as text, the status it got and when it came (Unix seconds).
-The first line on stdout says where it listens. `GET /stats` answers the request counts
-as JSON.
+The first line on stdout says where it listens. `GET /stats` answers the
+request counts as JSON.
 """
 
 from __future__ import annotations
