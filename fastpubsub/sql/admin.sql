@@ -171,7 +171,11 @@ BEGIN
             RAISE EXCEPTION 'start must be "latest", "earliest" or an ISO 8601 time with a time zone'
                 USING ERRCODE = 'FP422';
         END IF;
-        v_since := p_start::timestamptz;
+        BEGIN
+            v_since := p_start::timestamptz;
+        EXCEPTION WHEN data_exception THEN  -- February 30th, the year 0, ...
+            RAISE EXCEPTION 'start "%" is not a valid time', p_start USING ERRCODE = 'FP422';
+        END;
     END IF;
     SELECT key INTO v_topic_key FROM fastpubsub.topics WHERE id = p_topic_id;
     IF NOT FOUND THEN
@@ -454,8 +458,9 @@ BEGIN
     IF p_time IS NULL THEN
         RAISE EXCEPTION 'seek needs a time' USING ERRCODE = 'FP422';
     END IF;
-    v_from := fastpubsub._message_id_floor(p_time - interval '1 second');
-    v_before := fastpubsub._message_id_floor(p_time + interval '1 second');
+    -- (Past the year 10000, which no id reaches, a second more could overflow.)
+    v_from := fastpubsub._message_id_floor(least(p_time, '10000-01-01 00:00:00+00') - interval '1 second');
+    v_before := fastpubsub._message_id_floor(least(p_time, '10000-01-01 00:00:00+00') + interval '1 second');
     PERFORM pg_current_xact_id();  -- before drawing queue numbers (see _advance_watermark)
 
     -- (A delayed message that was never delivered keeps its delivery time.)

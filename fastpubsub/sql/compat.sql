@@ -9,7 +9,7 @@ CREATE OR REPLACE FUNCTION fastpubsub.publish_v2(p_topic_id text, p_messages jso
 RETURNS uuid[]
 LANGUAGE sql VOLATILE
 AS $$
-    SELECT (fastpubsub._publish(p_topic_id, p_messages, p_envelopes, 0)).ids
+    SELECT (fastpubsub._publish(p_topic_id, p_messages, p_envelopes, fastpubsub._transaction_offset(p_messages))).ids
 $$;
 
 -- (release 0.1: revision 0004) Lease messages; use consume.

@@ -24,7 +24,8 @@ $$;
 -- The smallest message id that can belong to a message published at p_time:
 -- a time bound becomes an id bound (replay and cleanup_stuck read only the
 -- part of a backlog they need). Ids count from 1970: a time before that is
--- the smallest id of all (a negative count would make the largest).
+-- the smallest id of all (a negative count would make the largest); one from
+-- the year 10000 on (infinity too) is past any id a message can have.
 CREATE OR REPLACE FUNCTION fastpubsub._message_id_floor(p_time timestamptz)
 RETURNS uuid
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -34,7 +35,9 @@ AS $$
         || substring(int4send(((t.units & 4095) | 28672)::integer) FROM 3 FOR 2)
         || '\x0000000000000000'::bytea,
         'hex')::uuid
-    FROM (SELECT floor(extract(epoch FROM greatest(p_time, 'epoch'::timestamptz)) * 4096000)::bigint AS units) AS t
+    FROM (SELECT floor(extract(epoch FROM least(greatest(p_time, 'epoch'::timestamptz),
+                                                '10000-01-01 00:00:00+00'::timestamptz)) * 4096000)::bigint
+                 AS units) AS t
 $$;
 
 -- A message as consumers receive it: the one definition of its JSON shape,

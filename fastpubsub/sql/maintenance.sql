@@ -46,10 +46,12 @@ $$;
 -- Delete up to p_batch_size acked deliveries older than p_older_than_seconds,
 -- then the messages nothing references any more (and unrouted messages past the
 -- same age), then up to p_batch_size messages past their topic's
--- retention_seconds (_cleanup_retention). Call it until it returns fewer rows than the batch: each call is a
--- short transaction, and concurrent callers skip each other's rows. With
--- p_archived_in (an archive destination), only what that archive holds goes:
--- nothing created or acked after its watermark (archive.sql).
+-- retention_seconds with their deliveries (_cleanup_retention; its acked ones
+-- are counted in acked_deleted). Call it until it returns fewer rows than the
+-- batch: each call is a short transaction, and concurrent callers skip each
+-- other's rows. With p_archived_in (an archive destination), only what that
+-- archive holds goes: nothing created or acked after its watermark
+-- (archive.sql), retention included.
 CREATE OR REPLACE FUNCTION fastpubsub.cleanup_acked(
     p_older_than_seconds integer, p_batch_size integer, p_archived_in text,
     OUT acked_deleted integer, OUT messages_deleted integer)
@@ -58,6 +60,8 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     v_cutoff timestamptz;
+    v_watermark timestamptz;  -- with an archive: what it holds was created or acked before this
+    v_retained record;
     v_topic_keys integer[];
     v_message_ids uuid[];
     n integer;
@@ -70,7 +74,8 @@ BEGIN
     END IF;
     v_cutoff := now() - make_interval(secs => p_older_than_seconds);
     IF p_archived_in IS NOT NULL THEN
-        v_cutoff := least(v_cutoff, fastpubsub.archive_watermark(p_archived_in));
+        v_watermark := fastpubsub.archive_watermark(p_archived_in);
+        v_cutoff := least(v_cutoff, v_watermark);
     END IF;
 
     WITH gone AS (
@@ -96,7 +101,9 @@ BEGIN
         FOR UPDATE SKIP LOCKED));
     GET DIAGNOSTICS n = ROW_COUNT;
     messages_deleted := messages_deleted + n;
-    messages_deleted := messages_deleted + fastpubsub._cleanup_retention(p_batch_size);
+    v_retained := fastpubsub._cleanup_retention(p_batch_size, v_watermark);
+    messages_deleted := messages_deleted + v_retained.messages_deleted;
+    acked_deleted := acked_deleted + v_retained.acked_deleted;
 END
 $$;
 
@@ -104,9 +111,12 @@ $$;
 -- retention_seconds, oldest first, with every delivery of them, pending or
 -- acked: pending ones count as expired for their subscription. Each topic's
 -- old messages are one primary-key range (ids carry their publish time).
--- Returns how many messages were deleted.
-CREATE OR REPLACE FUNCTION fastpubsub._cleanup_retention(p_batch_size integer)
-RETURNS integer
+-- With p_archived_before (an archive's watermark), only messages created
+-- before it none of whose acks came after it: what the archive holds.
+-- Returns how many messages and acked deliveries were deleted.
+CREATE OR REPLACE FUNCTION fastpubsub._cleanup_retention(
+    p_batch_size integer, p_archived_before timestamptz, OUT messages_deleted integer, OUT acked_deleted integer)
+RETURNS record
 LANGUAGE plpgsql
 SET enable_hashjoin = off
 SET enable_mergejoin = off
@@ -122,19 +132,30 @@ DECLARE
     v_deleted integer := 0;
     n integer;
 BEGIN
+    acked_deleted := 0;
     FOR t IN SELECT key, retention_seconds FROM fastpubsub.topics
              WHERE retention_seconds IS NOT NULL ORDER BY key LOOP
         EXIT WHEN v_deleted >= p_batch_size;
         SELECT coalesce(array_agg(m.id), '{}') INTO v_ids
         FROM (SELECT x.id FROM fastpubsub.messages AS x
               WHERE x.topic_key = t.key
-                AND x.id < fastpubsub._message_id_floor(now() - make_interval(secs => t.retention_seconds))
+                AND x.id < fastpubsub._message_id_floor(
+                    least(now() - make_interval(secs => t.retention_seconds), p_archived_before))
               ORDER BY x.id
               LIMIT p_batch_size - v_deleted
               FOR UPDATE SKIP LOCKED) AS m;
         CONTINUE WHEN cardinality(v_ids) = 0;
         SELECT coalesce(array_agg(s.key), '{}') INTO v_subscription_keys
         FROM fastpubsub.subscriptions AS s WHERE s.topic_key = t.key;
+        IF p_archived_before IS NOT NULL THEN
+            -- An ack after the watermark is not in the archive yet: its message waits.
+            v_ids := ARRAY(SELECT i.id FROM unnest(v_ids) AS i(id)
+                           EXCEPT
+                           SELECT a.message_id FROM fastpubsub.acked_deliveries AS a
+                           WHERE a.subscription_key = ANY (v_subscription_keys) AND a.message_id = ANY (v_ids)
+                             AND a.acked_at >= p_archived_before);
+            CONTINUE WHEN cardinality(v_ids) = 0;
+        END IF;
         WITH gone AS (
             DELETE FROM fastpubsub.deliveries AS d
             WHERE d.subscription_key = ANY (v_subscription_keys) AND d.message_id = ANY (v_ids)
@@ -153,11 +174,13 @@ BEGIN
                                       array_fill(0::bigint, ARRAY[coalesce(cardinality(v_counted), 0)]));
         DELETE FROM fastpubsub.acked_deliveries AS a
         WHERE a.subscription_key = ANY (v_subscription_keys) AND a.message_id = ANY (v_ids);
+        GET DIAGNOSTICS n = ROW_COUNT;
+        acked_deleted := acked_deleted + n;
         DELETE FROM fastpubsub.messages AS m WHERE m.topic_key = t.key AND m.id = ANY (v_ids);
         GET DIAGNOSTICS n = ROW_COUNT;
         v_deleted := v_deleted + n;
     END LOOP;
-    RETURN v_deleted;
+    messages_deleted := v_deleted;
 END
 $$;
 

@@ -178,14 +178,14 @@ BEGIN
                CASE WHEN NOT p_envelopes THEN v_now
                     WHEN jsonb_typeof(e.value -> 'deliver_at') = 'string' THEN (e.value ->> 'deliver_at')::timestamptz
                     WHEN jsonb_typeof(e.value -> 'delay_seconds') = 'number'
-                        THEN v_now + make_interval(secs => (e.value ->> 'delay_seconds')::double precision)
+                        THEN v_now + make_interval(secs => round((e.value ->> 'delay_seconds')::numeric, 6)::float8)
                     ELSE v_now END AS visible_at,
                CASE WHEN p_envelopes AND jsonb_typeof(e.value -> 'priority') = 'number'
                     THEN (e.value ->> 'priority')::numeric::smallint ELSE 0::smallint END AS priority,
                CASE WHEN NOT v_expiring THEN NULL
                     WHEN jsonb_typeof(e.value -> 'expires_at') = 'string' THEN (e.value ->> 'expires_at')::timestamptz
                     WHEN jsonb_typeof(e.value -> 'ttl_seconds') = 'number'
-                        THEN v_now + make_interval(secs => (e.value ->> 'ttl_seconds')::double precision)
+                        THEN v_now + make_interval(secs => round((e.value ->> 'ttl_seconds')::numeric, 6)::float8)
                     END AS expires_at
         FROM unnest(v_ids, v_store) WITH ORDINALITY AS x(id, store, ord)
         JOIN jsonb_array_elements(p_messages) WITH ORDINALITY AS e(value, ord) ON e.ord = x.ord
@@ -552,12 +552,32 @@ BEGIN
 END
 $$;
 
+-- Where the ids of the next publish in this transaction start (_publish's
+-- p_offset), past those of the publishes made in it so far: the publishes of
+-- one transaction share its time (now()), and ids order them in publish order
+-- only if each takes time steps of its own. The count is kept until the
+-- transaction ends (a transaction-local setting).
+CREATE OR REPLACE FUNCTION fastpubsub._transaction_offset(p_messages jsonb)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_offset bigint := coalesce(nullif(current_setting('fastpubsub.publish_offset', true), '')::bigint, 0);
+BEGIN
+    PERFORM set_config('fastpubsub.publish_offset',
+                       (v_offset + CASE WHEN jsonb_typeof(p_messages) = 'array'
+                                        THEN jsonb_array_length(p_messages) ELSE 0 END)::text,
+                       true);
+    RETURN v_offset;
+END
+$$;
+
 -- Publish payloads (each a JSON object): the seed's request body.
 CREATE OR REPLACE FUNCTION fastpubsub.publish(p_topic_id text, p_payloads jsonb)
 RETURNS uuid[]
 LANGUAGE sql VOLATILE
 AS $$
-    SELECT (fastpubsub._publish(p_topic_id, p_payloads, false, 0)).ids
+    SELECT (fastpubsub._publish(p_topic_id, p_payloads, false, fastpubsub._transaction_offset(p_payloads))).ids
 $$;
 
 -- Publish envelopes with options:
@@ -568,5 +588,5 @@ CREATE OR REPLACE FUNCTION fastpubsub.publish_envelopes(p_topic_id text, p_envel
 RETURNS uuid[]
 LANGUAGE sql VOLATILE
 AS $$
-    SELECT (fastpubsub._publish(p_topic_id, p_envelopes, true, 0)).ids
+    SELECT (fastpubsub._publish(p_topic_id, p_envelopes, true, fastpubsub._transaction_offset(p_envelopes))).ids
 $$;

@@ -410,7 +410,7 @@ RETURNS TABLE(receipt text, outcome text)
 LANGUAGE sql
 AS $$
     SELECT * FROM fastpubsub._settle_receipts(jsonb_build_object(
-        'subscription', p_subscription_id, 'action', 'ack', 'receipts', to_jsonb(p_receipts)))
+        'subscription', p_subscription_id, 'action', 'ack', 'receipts', to_jsonb(coalesce(p_receipts, '{}'))))
 $$;
 
 -- p_requeue false: straight to the DLQ, no more attempts.
@@ -419,7 +419,7 @@ RETURNS TABLE(receipt text, outcome text)
 LANGUAGE sql
 AS $$
     SELECT * FROM fastpubsub._settle_receipts(jsonb_build_object(
-        'subscription', p_subscription_id, 'action', 'nack', 'receipts', to_jsonb(p_receipts),
+        'subscription', p_subscription_id, 'action', 'nack', 'receipts', to_jsonb(coalesce(p_receipts, '{}')),
         'requeue', coalesce(p_requeue, true)))
 $$;
 
@@ -429,7 +429,7 @@ RETURNS TABLE(receipt text, outcome text)
 LANGUAGE sql
 AS $$
     SELECT * FROM fastpubsub._settle_receipts(jsonb_build_object(
-        'subscription', p_subscription_id, 'action', 'extend', 'receipts', to_jsonb(p_receipts),
+        'subscription', p_subscription_id, 'action', 'extend', 'receipts', to_jsonb(coalesce(p_receipts, '{}')),
         'seconds', p_seconds))
 $$;
 

@@ -173,3 +173,12 @@ def test_subscription_delete_waits_for_in_flight_publishes(conn: psycopg.Connect
     deleter.commit()
     assert count(conn, "deliveries") == 0
     assert count(conn, "messages") == 0
+
+
+@pytest.mark.parametrize("start", ["2026-02-30T00:00:00Z", "0000-01-01T00:00:00Z", "2026-01-01T25:00:00Z"])
+def test_a_start_that_is_no_time_is_refused_saying_so(conn: psycopg.Connection, start: str) -> None:
+    create_topic(conn, "t")
+    with pytest.raises(psycopg.Error) as info:
+        conn.execute("SELECT fastpubsub.create_subscription('s', 't', NULL, %s)", (start,))
+    assert info.value.sqlstate == "FP422"
+    assert info.value.diag.message_primary == f'start "{start}" is not a valid time'

@@ -163,3 +163,47 @@ def test_cleanup_told_of_an_archive_deletes_only_what_it_holds(
     assert cleanup(history, None) == (2, 2)  # no archive to wait for: the retention alone
     # The two-argument form is the same as no archive.
     assert history.execute("SELECT * FROM fastpubsub.cleanup_acked(0, 1000)").fetchone() == (0, 0)
+
+
+def published_ago(conn: psycopg.Connection, message_id: Any, days: float) -> Any:
+    """Make a message (and its deliveries and acks) look published `days` ago: its id carries the time."""
+    (new,) = conn.execute(
+        "SELECT fastpubsub._message_id(now() - make_interval(secs => %s), 0)", (days * 86400,)
+    ).fetchone()  # type: ignore[misc]
+    shift = "make_interval(secs => %s)"
+    conn.execute(
+        f"UPDATE fastpubsub.messages SET id = %s, created_at = created_at - {shift} WHERE id = %s",
+        (new, days * 86400, message_id),
+    )
+    conn.execute("UPDATE fastpubsub.deliveries SET message_id = %s WHERE message_id = %s", (new, message_id))
+    conn.execute(
+        "UPDATE fastpubsub.acked_deliveries SET message_id = %s WHERE message_id = %s", (new, message_id)
+    )
+    return new
+
+
+def test_retention_told_of_an_archive_deletes_only_what_it_holds(
+    conn: psycopg.Connection, database_url: str
+) -> None:
+    conn.execute("""SELECT fastpubsub.create_topic('r', '{"retention_seconds": 60}')""")
+    create_subscription(conn, "rs", "r")
+    published = publish(conn, "r", [{"n": 1}, {"n": 2}, {"n": 3}, {"n": 4}])
+    consume(conn, "rs", "w", 10)
+    assert ack(conn, "rs", published[:2]) == 2
+    conn.execute("UPDATE fastpubsub.acked_deliveries SET acked_at = acked_at - interval '2 days'")
+    old = [published_ago(conn, message_id, 2) for message_id in published]  # past retention (60 s)
+
+    assert cleanup(conn, DEST) == (0, 0)  # nothing archived: retention waits too
+    assert count(conn, "messages") == 4
+    with ArchiveLedger(database_url) as ledger:
+        for _ in range(10):  # bounded: the days of this history, up to the horizon
+            batch = ledger.claim(DEST, 0)
+            if batch is None:
+                break
+            assert ledger.commit(batch, [], 0, 0)
+    assert ack(conn, "rs", [old[3]]) == 1  # acked after the archive's watermark: not in it
+    assert cleanup(conn, DEST) == (2, 3)  # the acks retention deleted are counted
+    remaining = [row[0] for row in conn.execute("SELECT id FROM fastpubsub.messages")]
+    assert remaining == [old[3]]
+    assert cleanup(conn, None) == (1, 1)  # without an archive, retention alone decides
+    assert count(conn, "messages") == 0

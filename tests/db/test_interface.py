@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import uuid
+
 import psycopg
+import pytest
 
 from tests.db.sql import create_subscription, create_topic
 
@@ -42,3 +45,33 @@ def test_the_previous_releases_names_do_what_the_current_functions_do(conn: psyc
         "leased_at = now() - interval '2 minutes'"
     )
     assert conn.execute("SELECT * FROM fastpubsub.cleanup_stuck_v2(0)").fetchone() == (2, 0)
+
+
+def test_a_role_with_the_documented_grants_publishes_consumes_and_administers(
+    conn: psycopg.Connection,
+) -> None:
+    # docs/schema.md, Roles: usage on the schema, the tables' rights, usage on the sequences.
+    role = f"fastpubsub_app_{uuid.uuid4().hex[:12]}"
+    conn.execute(f"CREATE ROLE {role}")
+    try:
+        with conn.transaction():
+            conn.execute(f"GRANT USAGE ON SCHEMA fastpubsub TO {role}")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):  # the schema alone is not enough
+                conn.execute(f"SET LOCAL ROLE {role}; SELECT fastpubsub.create_topic('t')")
+            raise psycopg.Rollback()
+        conn.execute(f"GRANT USAGE ON SCHEMA fastpubsub TO {role}")
+        conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA fastpubsub TO {role}")
+        conn.execute(f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA fastpubsub TO {role}")
+        with conn.transaction():
+            conn.execute(f"SET LOCAL ROLE {role}")
+            conn.execute("SELECT fastpubsub.create_topic('t')")
+            conn.execute("SELECT fastpubsub.create_subscription('s', 't', NULL, NULL)")
+            (ids,) = conn.execute("""SELECT fastpubsub.publish('t', '[{"n": 1}]')""").fetchone()  # type: ignore[misc]
+            (leased,) = conn.execute("SELECT array_agg(id) FROM fastpubsub.consume('s', 'w', 10)").fetchone()  # type: ignore[misc]
+            assert leased == ids
+            assert conn.execute("SELECT fastpubsub.ack('s', %s)", (ids,)).fetchone() == (1,)
+            conn.execute("SELECT * FROM fastpubsub.cleanup_acked(0, 100)")
+            conn.execute("SELECT fastpubsub.delete_topic('t')")
+    finally:
+        conn.execute(f"DROP OWNED BY {role}")
+        conn.execute(f"DROP ROLE {role}")

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from tests.db.sql import (
     ack,
@@ -224,3 +225,32 @@ def test_v1_functions_keep_working_during_a_rolling_upgrade(topic: psycopg.Conne
     create_subscription(topic, "rich", "t", {"a.b": {"$gt": 1}})
     topic.execute("""SELECT fastpubsub.publish('t', '[{"a": {"b": 2}}, {"a": {"b": 0}}]')""")
     assert [row[1] for row in consume(topic, "rich")] == [{"a": {"b": 2}}]
+
+
+def test_publishes_in_one_transaction_get_ids_in_publish_order(
+    topic: psycopg.Connection, database_url: str
+) -> None:
+    # They share the transaction's time; each takes time steps past the previous one's.
+    with psycopg.connect(database_url) as conn:
+        ids = []
+        for n in range(12):
+            function = "publish" if n % 2 else "publish_envelopes"
+            body = [{"n": n}] if n % 2 else [{"payload": {"n": n}}, {"payload": {"n": n, "second": True}}]
+            ids += conn.execute(f"SELECT fastpubsub.{function}('t', %s)", (Jsonb(body),)).fetchone()[0]
+        conn.commit()
+        # The count is the transaction's: the next one starts from its own time.
+        assert conn.execute("SELECT current_setting('fastpubsub.publish_offset', true)").fetchone() in (
+            ("",),
+            (None,),
+        )
+    assert ids == sorted(ids)
+    assert [m["id"] for m in consume_full(topic, "s", "c", 100)] == ids  # consumed in the same order
+
+
+def test_delays_and_ttls_too_small_for_a_float_count_as_none(topic: psycopg.Connection) -> None:
+    # JSON numbers PostgreSQL keeps exactly but a double precision cannot hold (Python's 1e-400 is 0.0).
+    body = '[{"payload": {"n": 1}, "delay_seconds": 1e-400}, {"payload": {"n": 2}, "ttl_seconds": 1e-400}]'
+    (ids,) = topic.execute("SELECT fastpubsub.publish_envelopes('t', %s::jsonb)", (body,)).fetchone()
+    assert len(ids) == 2
+    # The first is delivered at once; the second expired as soon as it was published.
+    assert [m["id"] for m in consume_full(topic, "s", "c", 10)] == ids[:1]

@@ -97,3 +97,12 @@ def test_seconds_out_of_range_are_refused(queue: psycopg.Connection) -> None:
     with pytest.raises(psycopg.Error) as info:
         receipts_call(queue, "extend_lease_receipts", [row["receipt"]], 3601)
     assert info.value.sqlstate == "FP422"
+
+
+@pytest.mark.parametrize(
+    ("function", "args"),
+    [("ack_receipts", ()), ("nack_receipts", (True,)), ("extend_lease_receipts", (30,))],
+)
+def test_null_receipts_are_none(queue: psycopg.Connection, function: str, args: tuple[object, ...]) -> None:
+    # As ack('s', NULL) acks nothing: no error of PostgreSQL's own (it was "cannot extract elements").
+    assert receipts_call(queue, function, None, *args) == []

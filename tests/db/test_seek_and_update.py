@@ -169,3 +169,11 @@ def test_update_errors(conn: psycopg.Connection) -> None:
     with pytest.raises(psycopg.Error) as info:
         update(conn, "ghost", max_attempts=2)
     assert info.value.sqlstate == "FP404"
+
+
+@pytest.mark.parametrize("when", ["infinity", "294276-12-31 23:59:59+00", "10000-01-01 00:00:00+00"])
+def test_seek_past_the_year_10000_acks_all_pending(history: dict, when: str) -> None:
+    # Past any id a message can have: seek forward, not an overflow of PostgreSQL's own.
+    conn = history["conn"]
+    assert seek(conn, "s", when) == (0, 4)
+    assert deliveries(conn, "s") == []

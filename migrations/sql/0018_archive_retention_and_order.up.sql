@@ -1,0 +1,23 @@
+-- cleanup_acked with an archive (FASTPUBSUB_CLEANUP_ACKED_ONLY_ARCHIVED) lets
+-- retention delete only what the archive holds: messages created before its
+-- watermark none of whose acks came after it. Retention deleted messages and
+-- their acked deliveries past the topic's retention_seconds whatever the
+-- archive held, and its acked deliveries were not counted in acked_deleted.
+-- _cleanup_retention takes the watermark and returns both counts.
+--
+-- publish, publish_envelopes and publish_v2 called twice in one transaction
+-- gave ids in random order (both publishes used the transaction's time from
+-- the same offset): each now starts past the previous one's ids
+-- (_transaction_offset).
+--
+-- Odd input to the SQL interface: ack_receipts, nack_receipts and
+-- extend_lease_receipts take NULL receipts as none; seek takes a time past
+-- the year 10000 (infinity too) as that year, past every id; a delay_seconds
+-- or ttl_seconds too small for a double precision counts to the microsecond;
+-- create_subscription refuses a start that is no date (February 30th) with
+-- FP422.
+--
+-- No table changes. The functions are installed from the source at the head;
+-- the retention function's old signature goes.
+
+DROP FUNCTION IF EXISTS fastpubsub._cleanup_retention(integer);
