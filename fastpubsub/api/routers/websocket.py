@@ -57,7 +57,7 @@ router = APIRouter()
 # Close codes (docs/websocket.md).
 CLOSE_GOING_AWAY = 1001  # the server is stopping
 CLOSE_UNSUPPORTED = 1003  # a binary frame
-CLOSE_POLICY = 1008  # a web page from an origin that is not allowed
+CLOSE_POLICY = 1008  # a web page from an origin that is not allowed (before the accept: an HTTP 403)
 CLOSE_TOO_BIG = 1009  # a frame over MAX_FRAME_BYTES
 CLOSE_UNAUTHENTICATED = 4401  # no valid token (or it came too late)
 CLOSE_FORBIDDEN = 4403  # /subscriptions/{id}/ws without subscriptions:consume on it
