@@ -19,7 +19,9 @@ and `Connection`, `AsyncSession` and `AsyncConnection` (with the psycopg
 driver). With an async one, await the result. Errors: NotFoundError for an
 unknown topic, InvalidInputError for a message the database refuses
 (fastpubsub.exceptions; SQLSTATE FP404 and FP422); either way the transaction
-is aborted, as after any failed statement. `fastpubsub.sql.source` is the SQL
+is aborted, as after any failed statement. A message holding NaN or an
+infinity, which JSON cannot carry, is refused (InvalidInputError) before
+anything is sent. `fastpubsub.sql.source` is the SQL
 source the migrations install.
 
 This module imports neither driver: each is imported when a connection of its
@@ -34,6 +36,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypedDict, Unpack, overload
 from uuid import UUID
 
 from fastpubsub import jsoncodec
+from fastpubsub.exceptions import InvalidInputError
 
 if TYPE_CHECKING:
     import psycopg
@@ -126,6 +129,10 @@ def publish_envelopes(
 def _call(
     connection: SyncConnection | AsyncConnection, topic_id: str, messages: list[Any], *, envelopes: bool
 ) -> list[UUID] | Awaitable[list[UUID]]:
+    if jsoncodec.non_finite(messages):  # orjson would write them as null
+        raise InvalidInputError(
+            "numbers must be finite: NaN and Infinity are not JSON; nothing was published"
+        )
     text = jsoncodec.dumps(messages).decode()
     module = type(connection).__module__
     if module.startswith("psycopg"):

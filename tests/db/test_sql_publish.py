@@ -143,6 +143,14 @@ def test_errors_are_fastpubsub_errors(
         DRIVERS[driver](url, lambda c: sql.publish(c, topic, [1]), True)  # type: ignore[list-item]
     with pytest.raises(InvalidInputError, match="priority"):
         DRIVERS[driver](url, lambda c: sql.publish(c, topic, [{"n": 1}], priority=10), True)
+    # NaN and the infinities are not JSON: refused, never stored as null (nor a delay of nothing).
+    for bad in (
+        lambda c: sql.publish(c, topic, [{"total": float("inf")}]),
+        lambda c: sql.publish(c, topic, [{"n": 1}], delay_seconds=float("nan")),
+        lambda c: sql.publish_envelopes(c, topic, [{"payload": {"n": [1, float("-inf")]}}]),
+    ):
+        with pytest.raises(InvalidInputError, match="finite"):
+            DRIVERS[driver](url, bad, True)
     assert consumed(conn) == []
 
 
