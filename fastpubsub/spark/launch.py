@@ -234,7 +234,10 @@ def archive_destination(value: str) -> str:
         value = re.sub(r"^file:(//)?", "", value)
     elif _SCHEME.match(value):
         return value.rstrip("/")
-    return Path(value).expanduser().resolve().as_uri()
+    path = Path(value).expanduser().resolve()
+    if path.exists() and not path.is_dir():
+        raise InvalidInputError(f"{path} is a file: an archive is a directory")
+    return path.as_uri()
 
 
 # ---------------------------------------------------------------------------

@@ -200,6 +200,17 @@ def test_cleanups_report_what_they_touched(invoke: Invoke, database_url: str) ->
     )
 
 
+def test_an_archive_that_is_a_file_is_refused_before_spark_starts(
+    invoke_offline: Invoke, tmp_path: Path
+) -> None:
+    taken = tmp_path / "archive"
+    taken.write_text("not a directory")
+    result = invoke_offline("archive", "--out", str(taken), "--master", "local[1]")
+    assert result.exit_code == 2, result.output
+    assert result.stderr == f"error: {taken} is a file: an archive is a directory\n"
+    assert taken.read_text() == "not a directory"
+
+
 def test_cleanup_told_of_an_archive_waits_for_it(invoke: Invoke, database_url: str, tmp_path: Path) -> None:
     from fastpubsub.db.archive import ArchiveLedger
     from fastpubsub.spark.launch import archive_destination
