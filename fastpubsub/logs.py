@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 import sys
+from collections.abc import Coroutine
 from datetime import UTC, datetime
+from typing import Any, TypeVar
 
 import orjson
 
 request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
+T = TypeVar("T")
 
 # Attributes every record has (and uvicorn's colour copy of the message): not repeated as fields.
 _STANDARD_ATTRS = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
@@ -17,6 +21,13 @@ _STANDARD_ATTRS = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | 
     "asctime",
     "color_message",
 }
+
+
+def detached(coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
+    """A task that outlives the request that starts it: its log lines carry no request id."""
+    context = contextvars.copy_context()
+    context.run(request_id.set, None)
+    return asyncio.create_task(coro, name=name, context=context)
 
 
 def one_line(exc: BaseException) -> str:

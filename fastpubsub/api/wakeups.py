@@ -58,7 +58,7 @@ from fastpubsub.api.siblings import SiblingRelay, Siblings
 from fastpubsub.db import Database, NotificationListener
 from fastpubsub.db.listener import NotificationSender
 from fastpubsub.exceptions import FastPubSubError
-from fastpubsub.logs import one_line
+from fastpubsub.logs import detached, one_line
 from fastpubsub.models import Subscription
 
 log = logging.getLogger(__name__)
@@ -232,6 +232,7 @@ class WakeHub:
         self._subscriptions: dict[str, tuple[float, Subscription]] = {}
         self._touching: set[asyncio.Task[None]] = set()
         self._sender: asyncio.Task[None] | None = None
+        self._send_failing = False  # the last notification could not be sent (said once an outage)
         self._tasks: list[asyncio.Task[None]] = []
         # Counted for the benchmark and the tests: notifications sent, news only
         # the workers of this server needed (no notification), and looks woken.
@@ -340,7 +341,7 @@ class WakeHub:
         """A stream of this subscription is open here (the hub keeps it registered, see TOUCH_SECONDS)."""
         queue = self._queue(subscription_id)
         if not queue.streams:  # the first here: register it now (acks elsewhere then tell it of room)
-            task = asyncio.create_task(self._touch(subscription_id), name="fastpubsub-touch-stream")
+            task = detached(self._touch(subscription_id), "fastpubsub-touch-stream")
             self._touching.add(task)
             task.add_done_callback(self._touching.discard)
         queue.streams += 1
@@ -683,7 +684,7 @@ class WakeHub:
 
     def _start_sending(self) -> None:
         if self._sender is None or self._sender.done():
-            self._sender = asyncio.create_task(self._send(), name="fastpubsub-notify")
+            self._sender = detached(self._send(), "fastpubsub-notify")
 
     async def _send(self) -> None:
         """Send what is pending as one notification, then again at most every notify_interval.
@@ -721,8 +722,14 @@ class WakeHub:
                 await self.sender.send(payload)
                 self.notifications_sent += 1
                 resend = RESEND_SECONDS[0]
+                if self._send_failing:
+                    self._send_failing = False
+                    log.info("notifying other processes again")
             except FastPubSubError as exc:
-                log.warning("could not notify other processes (sending again): %s", one_line(exc))
+                # Said once an outage: it is sent again every few seconds until it goes through.
+                level = logging.DEBUG if self._send_failing else logging.WARNING
+                self._send_failing = True
+                log.log(level, "could not notify other processes (sending again): %s", one_line(exc))
                 for name, count in pending.items():
                     self._pending[name] = self._pending.get(name, 0) + count
                 self._declare_pending |= declared

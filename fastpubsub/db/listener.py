@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 
 from fastpubsub.db.urls import libpq_url
-from fastpubsub.logs import one_line
+from fastpubsub.logs import detached, one_line
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class NotificationListener:
 
     async def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="fastpubsub-listener")
+            self._task = detached(self._run(), "fastpubsub-listener")
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -63,6 +63,7 @@ class NotificationListener:
     async def _run(self) -> None:
         delay = self.reconnect_delay
         lost = False
+        failing = False  # the last attempt failed: further failures are not said again
         while True:
             try:
                 conn: psycopg.AsyncConnection[Any]
@@ -75,13 +76,19 @@ class NotificationListener:
                     self.connected.set()
                     self.on_connected()  # anything published while we were away: look again
                     delay = self.reconnect_delay
+                    failing = False
                     log.info("listening for notifications")
                     async for notify in conn.notifies():
                         self.on_notification(notify.payload)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # any failure means: reconnect
-                log.warning("notification listener disconnected: %s", one_line(exc))
+            except Exception as exc:  # any failure means: reconnect (said once until it is back)
+                log.log(
+                    logging.DEBUG if failing else logging.WARNING,
+                    "notification listener disconnected: %s",
+                    one_line(exc),
+                )
+                failing = True
             finally:
                 self.connected.clear()
             lost = True

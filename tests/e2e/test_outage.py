@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import collections
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -107,3 +109,31 @@ def test_metrics_are_scraped_with_a_token_while_the_database_is_down(
             assert response.status_code == 200, response.text
             assert "fastpubsub_backlog_up 0.0" in response.text
         assert http.get("/metrics").status_code == 401  # a token is still needed
+
+
+def test_an_outage_is_logged_once_and_background_lines_name_no_request(
+    own_postgres: EmbeddedPostgres, run_server: Callable[..., Server]
+) -> None:
+    server, _ = serve_migrated(own_postgres, run_server)
+    with server.client() as http:
+        http.post("/topics", json={"id": "t"})
+        http.post("/subscriptions", json={"id": "s", "topic_id": "t"})
+        own_postgres.stop()
+        failed = http.get(
+            "/subscriptions/s/messages",
+            params={"consumer_id": "w", "wait_seconds": 3},
+            headers={"X-Request-ID": "lp-1"},
+        )
+        assert failed.status_code == 503
+        time.sleep(9)  # rounds of retries: notifications every 2 s at most, the listener every 5 s
+    lines = [json.loads(line) for line in server.log.read_text().splitlines() if line.startswith("{")]
+    said = collections.Counter(
+        message
+        for line in lines
+        for message in ("could not notify other processes", "notification listener disconnected")
+        if line["message"].startswith(message)
+    )
+    assert said["could not notify other processes"] <= 2, said  # once a worker, not every 2 s
+    assert said["notification listener disconnected"] <= 2, said
+    # The request's own warning; the background tasks it happened to start say no request's id.
+    assert [line["level"] for line in lines if line.get("request_id") == "lp-1"] == ["warning"]
