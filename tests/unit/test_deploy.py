@@ -448,6 +448,31 @@ def test_compose_services_run_real_commands() -> None:
     assert "@postgres:5432/" in url
 
 
+def test_compose_checks_each_service_by_what_it_serves_and_stops_it_gracefully() -> None:
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    # The image's HEALTHCHECK asks the API's /liveness: only the server serves it.
+    assert "healthcheck" not in services["server"]
+    assert services["cleanup"]["healthcheck"] == {"disable": True}
+    check = " ".join(services["push-worker"]["healthcheck"]["test"])
+    settings = Settings(_env_file=None)
+    assert f"127.0.0.1:{settings.push_metrics_port}/metrics" in check
+    # A shell as process 1 ignores SIGTERM: an init passes it on to the loop.
+    assert services["cleanup"]["init"] is True
+    # Longer than gunicorn's graceful_timeout (the graceful seconds + 5).
+    grace = int(services["server"]["stop_grace_period"].removesuffix("s"))
+    assert grace > settings.api_graceful_seconds + 5
+
+
+def test_the_server_pod_pauses_before_it_stops() -> None:
+    deployment = named("Deployment", "fastpubsub")
+    (server,) = containers(deployment)
+    pause = server["lifecycle"]["preStop"]["exec"]["command"]
+    assert pause[0] == "sleep"
+    # The pause, then gunicorn's graceful_timeout, within the pod's grace period.
+    graceful = Settings(_env_file=None).api_graceful_seconds + 5
+    assert int(pause[1]) + graceful < deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+
+
 def test_compose_publishes_ports_on_the_loopback_address_only() -> None:
     services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
     assert services["server"]["ports"] == ["127.0.0.1:8000:8000"]
