@@ -446,8 +446,11 @@ def _refuse_exposure(settings: Settings, host: str, insecure_no_auth: bool) -> N
         raise fail(problem, EXIT_CODES[ConfigurationError])
 
 
-def _warn_unless_migrated(url: str) -> None:
-    """Say at start what /readiness will say: the server starts anyway, kept out of rotation by readiness."""
+def _warn_unless_migrated(url: str, meanwhile: str = "/readiness answers 503 until then") -> None:
+    """Say at start what /readiness will say: the server starts anyway, kept out of rotation by readiness.
+
+    (The push-worker says what it does `meanwhile` instead.)
+    """
     import logging
 
     from fastpubsub import migrate
@@ -457,7 +460,7 @@ def _warn_unless_migrated(url: str) -> None:
     except Exception as exc:  # unreachable or refused: readiness reports that as it goes
         problem = describe_error(exc)[0]
     if problem is not None:
-        logging.getLogger("fastpubsub.cli").warning("%s; /readiness answers 503 until then", problem)
+        logging.getLogger("fastpubsub.cli").warning("%s; %s", problem, meanwhile)
 
 
 @app.command()
@@ -630,9 +633,11 @@ def push_worker(
     if port:
         _refuse_unbindable(host, port, "--metrics-port", "--metrics-host")
     configure_logging(settings.log_level, settings.log_format)
-    _warn_unless_migrated(settings.database_url or "")
+    _warn_unless_migrated(settings.database_url or "", "nothing is pushed until then")
 
     async def work() -> None:
+        import logging
+
         from prometheus_client import CollectorRegistry, start_http_server
 
         from fastpubsub.push.worker import PushWorker
@@ -640,7 +645,8 @@ def push_worker(
         registry = CollectorRegistry()
         if port:
             start_http_server(port, host, registry=registry)
-            typer.echo(f"push-worker metrics on http://{host}:{port}/metrics", err=True)
+            log = logging.getLogger("fastpubsub.cli")
+            log.info("push-worker metrics on http://%s:%s/metrics", host, port)
         worker = PushWorker(settings, shutdown_grace=shutdown_grace, registry=registry)
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):

@@ -89,3 +89,5 @@ def configure_logging(level: str = "info", fmt: str = "json") -> None:
     # success: the hot paths must not log per request at info).
     logging.getLogger("uvicorn.access").disabled = True
     logging.getLogger("gunicorn.access").disabled = True
+    # Alembic names each plugin it loads, at INFO, whenever it is imported.
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)

@@ -9,7 +9,10 @@ docs/schema.md has the rules.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,12 +59,24 @@ def downgrade(url: str, revision: str) -> None:
     command.downgrade(alembic_config(url), revision)
 
 
+@contextlib.contextmanager
+def _quiet_alembic() -> Iterator[None]:
+    """Alembic's INFO lines about setting itself up are no news to someone who only asks where things are."""
+    logger = logging.getLogger("alembic")
+    level = logger.level
+    logger.setLevel(max(logging.WARNING, level))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def current_revision(url: str, connect_timeout: int | None = None) -> str | None:
     """The revision the database is at, or None before the first migration."""
     connect_args = {} if connect_timeout is None else {"connect_timeout": connect_timeout}
     engine = create_engine(sync_url(url), poolclass=NullPool, connect_args=connect_args)
     try:
-        with engine.connect() as conn:
+        with _quiet_alembic(), engine.connect() as conn:
             context = MigrationContext.configure(
                 conn, opts={"version_table": VERSION_TABLE, "version_table_schema": SCHEMA}
             )
@@ -71,7 +86,8 @@ def current_revision(url: str, connect_timeout: int | None = None) -> str | None
 
 
 def script_directory() -> ScriptDirectory:
-    return ScriptDirectory.from_config(alembic_config("postgresql://unused"))
+    with _quiet_alembic():
+        return ScriptDirectory.from_config(alembic_config("postgresql://unused"))
 
 
 def head_revision() -> str:
