@@ -463,6 +463,23 @@ def _warn_unless_migrated(url: str, meanwhile: str = "/readiness answers 503 unt
         logging.getLogger("fastpubsub.cli").warning("%s; %s", problem, meanwhile)
 
 
+def _own_command() -> str:
+    """How to run this very fastpubsub from the current directory: by name when PATH finds it."""
+    import shutil
+
+    running = Path(sys.argv[0]).resolve()
+    if running.name != "fastpubsub":  # not the console script (python -c, a test runner)
+        return "fastpubsub"
+    found = shutil.which("fastpubsub")
+    if found is not None and Path(found).resolve() == running:
+        return "fastpubsub"
+    try:
+        relative = str(running.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return shlex.quote(str(running))
+    return shlex.quote(relative if "/" in relative else f"./{relative}")
+
+
 @app.command()
 def dev(
     data_dir: Annotated[
@@ -559,7 +576,7 @@ def dev(
     elsewhere = records_in.resolve() != settings.embedded_data_dir.resolve()
     prefix = f"FASTPUBSUB_EMBEDDED_DATA_DIR={shlex.quote(str(records_in.resolve()))} " if elsewhere else ""
     where = "in another terminal, from this directory"
-    typer.echo(f"CLI      {prefix}.venv/bin/fastpubsub topics list ({where})")
+    typer.echo(f"CLI      {prefix}{_own_command()} topics list ({where})")
     stops_database = embedded is not None and embedded.started
     note = " (the embedded database stops too; its data stays)" if stops_database else ""
     typer.echo(f"Stop     Ctrl+C{note}")
