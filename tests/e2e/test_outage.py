@@ -137,3 +137,25 @@ def test_an_outage_is_logged_once_and_background_lines_name_no_request(
     assert said["notification listener disconnected"] <= 2, said
     # The request's own warning; the background tasks it happened to start say no request's id.
     assert [line["level"] for line in lines if line.get("request_id") == "lp-1"] == ["warning"]
+
+
+def test_a_websocket_opened_while_the_database_is_away_is_closed_saying_try_again(
+    own_postgres: EmbeddedPostgres, run_server: Callable[..., Server]
+) -> None:
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    server, _ = serve_migrated(own_postgres, run_server)
+    with server.client() as http:
+        http.post("/topics", json={"id": "t"})
+        http.post("/subscriptions", json={"id": "s", "topic_id": "t"})
+    own_postgres.stop()
+    url = server.url.replace("http://", "ws://") + "/subscriptions/s/ws?consumer_id=x"
+    with connect(url, proxy=None, open_timeout=10) as ws, pytest.raises(ConnectionClosed) as closed:
+        ws.recv(timeout=15)
+    assert closed.value.rcvd is not None  # a close frame, not a dropped connection
+    assert closed.value.rcvd.code == 1013  # try again later
+    assert "unavailable" in closed.value.rcvd.reason
+    log = server.log.read_text()
+    assert "Traceback" not in log
+    assert "Exception in ASGI application" not in log

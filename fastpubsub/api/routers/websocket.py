@@ -48,6 +48,7 @@ from fastpubsub.api.schemas import (
     StrictInt,
 )
 from fastpubsub.exceptions import AuthenticationError, FastPubSubError, InvalidInputError
+from fastpubsub.logs import one_line
 from fastpubsub.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,8 @@ CLOSE_GOING_AWAY = 1001  # the server is stopping
 CLOSE_UNSUPPORTED = 1003  # a binary frame
 CLOSE_POLICY = 1008  # a web page from an origin that is not allowed (before the accept: an HTTP 403)
 CLOSE_TOO_BIG = 1009  # a frame over MAX_FRAME_BYTES
+CLOSE_INTERNAL = 1011  # an error of the server's own
+CLOSE_TRY_AGAIN = 1013  # the database is unavailable: open it again shortly
 CLOSE_UNAUTHENTICATED = 4401  # no valid token (or it came too late)
 CLOSE_FORBIDDEN = 4403  # /subscriptions/{id}/ws without subscriptions:consume on it
 CLOSE_NOT_FOUND = 4404  # /subscriptions/{id}/ws of a subscription that does not exist
@@ -191,6 +194,14 @@ class Connection:
             await self._close(closed.code, closed.reason)
         except WebSocketDisconnect:
             pass
+        except FastPubSubError as exc:
+            # Before the socket is of any use (its token checked, its subscription read): the
+            # database is away, say. The client may come back; one line in the log, as for HTTP.
+            status = status_for(exc)
+            log.warning(
+                "websocket %s closed (%s): %s", websocket.url.path, status, one_line(exc.__cause__ or exc)
+            )
+            await self._close(CLOSE_TRY_AGAIN if status == 503 else CLOSE_INTERNAL, exc.message)
         finally:
             watch.cancel()
             for task, _ in self.streams.values():
