@@ -259,8 +259,9 @@ class WebSocketTransport(HttpSettlement):
     room again (the socket is always read: answers come on it too; messages
     already on their way still arrive, so max_bytes is a guard above
     max_messages, as with a stream). Settlements go on the socket, by receipt,
-    answered per item; while it is down (or an answer is late) they go over
-    HTTP instead, which is safe: a receipt settles its lease once. The socket
+    answered per item; while it is down (or an answer is late, or says the
+    database is unavailable) they go over HTTP instead, with its retries,
+    which is safe: a receipt settles its lease once. The socket
     is opened again whenever it closes, except for a close that says trying
     again cannot help (no valid token, a scope missing, no such subscription).
     """
@@ -360,7 +361,11 @@ class WebSocketTransport(HttpSettlement):
         finally:
             self._answers.pop(request_id, None)
         if got.get("type") == "error":
-            raise errors.for_status(int(got.get("status", 400)), got.get("detail"), "WS", frame["type"])
+            status = int(got.get("status", 400))
+            if status == 503:  # the database is away: HTTP retries it as Retry says
+                log.debug("in-band %s answered 503: over HTTP instead", frame["type"])
+                return None
+            raise errors.for_status(status, got.get("detail"), "WS", frame["type"])
         return got
 
     async def settle(self, session: Session, kind: Settlement, leases: Sequence[Lease]) -> list[UUID]:

@@ -6,15 +6,17 @@ import re
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from uuid import UUID
 
 import httpx
 import pytest
 
-from fastpubsub.client import Client, MessageOut, NotFoundError, PermissionDeniedError, Subscriber
+from fastpubsub.client import Client, MessageOut, NotFoundError, PermissionDeniedError, Retry, Subscriber
+from fastpubsub.embedded import EmbeddedPostgres
 from tests.client.test_auth import new_client, secured  # noqa: F401 - secured is a fixture
 from tests.client.test_subscriber import Concurrency, publish, settled_everything, wait_until
-from tests.e2e.conftest import Server
+from tests.e2e.conftest import Server, base_env, migrated
 
 
 def http_calls(server: Server, path: str) -> int:
@@ -128,3 +130,40 @@ def test_a_token_without_the_consume_scope_is_refused(secured: Server) -> None: 
         with pytest.raises(PermissionDeniedError) as refused:
             subscriber.run(handle_signals=False)
         assert refused.value.status == 403
+
+
+@pytest.mark.slow
+def test_acks_refused_for_an_outage_go_over_http_with_its_retries(
+    own_postgres: EmbeddedPostgres, run_server: Callable[..., Server]
+) -> None:
+    # Callbacks end while the database is away: the socket answers the acks 503; they must
+    # still land (over HTTP, retried), not leave the messages to come again at the deadline.
+    server = run_server(base_env(migrated(own_postgres)))
+    handled: Counter[int] = Counter()
+    patient = Retry(attempts=30, backoff_min=0.2, backoff_max=1.0)
+    with Client(server.url, retry=patient) as client:
+        client.create_topic("t")
+        client.create_subscription("s", "t", ack_deadline_seconds=10)
+
+        def handle(message: MessageOut) -> None:
+            handled[message.payload["n"]] += 1
+            time.sleep(2)
+
+        subscriber = Subscriber(client)
+        consumer = subscriber.subscribe("s", handle, transport="websocket", concurrency=5)
+        runner = threading.Thread(target=subscriber.run, kwargs={"handle_signals": False})
+        runner.start()
+        try:
+            for n in range(5):
+                client.publish("t", {"n": n})
+            wait_until(lambda: len(handled) == 5, 20, "five callbacks running")
+            own_postgres.stop()  # the callbacks end meanwhile
+            time.sleep(4)
+            own_postgres.start()
+            wait_until(lambda: client.metrics("s").acked == 5, 30, "five acks")
+            time.sleep(11)  # past the ack deadline: a lost ack would bring its message again
+        finally:
+            subscriber.close()
+            runner.join(30)
+    assert handled == Counter(range(5))  # each once
+    assert consumer.stats.settle_errors == 0
