@@ -125,7 +125,7 @@ def test_an_outage_is_logged_once_and_background_lines_name_no_request(
             headers={"X-Request-ID": "lp-1"},
         )
         assert failed.status_code == 503
-        time.sleep(9)  # rounds of retries: notifications every 2 s at most, the listener every 5 s
+        time.sleep(6)  # rounds of retries: notifications every 2 s at most, the listener every 5 s
     lines = [json.loads(line) for line in server.log.read_text().splitlines() if line.startswith("{")]
     said = collections.Counter(
         message
