@@ -137,7 +137,7 @@ def page(
         except session.NotSignedIn as exc:
             if request.method == "GET":
                 return RedirectResponse(
-                    f"/console/login?next={quote(_here(request), safe='/')}",
+                    f"/console/login?next={quote(_place(request.url.path, request.url.query), safe='/')}",
                     status_code=303,
                     headers={"Cache-Control": "no-store"},
                 )
@@ -162,10 +162,9 @@ def _next(value: str) -> str:
     return value if value.startswith("/console") and not value.startswith("//") else "/console"
 
 
-def _here(request: Request) -> str:
-    """The path and query of this request."""
-    query = request.url.query
-    return request.url.path + (f"?{query}" if query else "")
+def _place(path: str, query: str) -> str:
+    """A page as a path with its query, if any."""
+    return path + (f"?{query}" if query else "")
 
 
 def _form_page(request: Request) -> str:
@@ -173,7 +172,7 @@ def _form_page(request: Request) -> str:
     referer = urlsplit(request.headers.get("referer", ""))
     if referer.netloc != request.url.netloc:
         return "/console"
-    return _next(referer.path + (f"?{referer.query}" if referer.query else ""))
+    return _next(_place(referer.path, referer.query))
 
 
 @router.get("/login")
