@@ -400,10 +400,11 @@ class Delivery:
         # streams, it took a fifth of a worker's time.)
         with _client_watch(request.receive) as left:
             try:
+                window = Window(max_in_flight, lease_seconds)
                 async for events in self.lease_batches(
                     subscription_id,
                     consumer_id,
-                    Window(max_in_flight, lease_seconds),
+                    window,
                     idle_seconds=KEEPALIVE_SECONDS,
                     gone=left,
                 ):
@@ -411,10 +412,23 @@ class Delivery:
                         yield b"".join(sse_event(message_id, data) for message_id, data in events)
                     else:
                         yield b": keep-alive\n\n"
+                        await self.refresh_window(subscription_id, window)
             except FastPubSubError as exc:
                 # Headers are gone already: say what happened in the stream and end it.
                 log.warning("stream of %s ended: %s", subscription_id, exc)
                 yield _error_event(exc.message)
+
+    async def refresh_window(self, subscription_id: str, window: Window) -> None:
+        """Take a changed ack deadline into a stream's window (NotFoundError once the subscription is gone).
+
+        Streams call it when idle. While the database cannot be asked the
+        window keeps what it had: lease_batches rides out the outage itself.
+        """
+        try:
+            subscription = await self.hub.subscription(subscription_id)
+        except DatabaseUnavailableError:
+            return
+        window.lease_seconds = subscription.ack_deadline_seconds
 
     async def lease_batches(
         self,

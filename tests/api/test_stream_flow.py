@@ -86,6 +86,29 @@ async def test_a_full_stream_wakes_when_its_own_lease_ends(
         await sse.close()
 
 
+async def test_a_stream_takes_a_changed_ack_deadline_by_its_next_keep_alive(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The stream's window frees a place when a lease it took ends: by the deadline the lease
+    # was taken under, read again when the stream is idle.
+    monkeypatch.setattr(delivery, "FULL_RECHECK_SECONDS", 60.0)
+    monkeypatch.setattr(delivery, "KEEPALIVE_SECONDS", 0.3)
+    monkeypatch.setattr(wakeups, "SUBSCRIPTION_SECONDS", 0.0)
+    await setup(api, ack_deadline_seconds=60)
+    sse = stream(api, max_in_flight=1)
+    try:
+        await asyncio.sleep(0.2)
+        patched = await api.patch("/subscriptions/s", json={"ack_deadline_seconds": 1})
+        assert patched.status_code == 200, patched.text
+        await asyncio.sleep(0.8)  # a keep-alive or two
+        await api.post("/topics/t/messages", json=[{"n": 1}])
+        first = json.loads((await sse.next_event(within=5))[0])
+        again = json.loads((await sse.next_event(within=6))[0])  # its 1 s lease ran out: here again
+        assert (again["id"], again["delivery_attempts"]) == (first["id"], 2)
+    finally:
+        await sse.close()
+
+
 async def test_keep_alives_come_at_the_documented_interval(
     api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -159,3 +159,27 @@ def test_a_websocket_opened_while_the_database_is_away_is_closed_saying_try_agai
     log = server.log.read_text()
     assert "Traceback" not in log
     assert "Exception in ASGI application" not in log
+
+
+def test_a_websocket_subscription_rides_out_an_outage_as_a_stream_does(
+    own_postgres: EmbeddedPostgres, run_server: Callable[..., Server]
+) -> None:
+    from websockets.sync.client import connect
+
+    server = run_server(base_env(migrated(own_postgres)), workers=1)
+    with server.client() as http:
+        http.post("/topics", json={"id": "t"})
+        http.post("/subscriptions", json={"id": "s", "topic_id": "t"})
+        url = server.url.replace("http://", "ws://") + "/ws"
+        with connect(url, proxy=None, open_timeout=10) as ws:
+            ws.send(json.dumps({"type": "subscribe", "subscription": "s", "consumer_id": "x"}))
+            assert json.loads(ws.recv(timeout=10))["type"] == "subscribed"
+            own_postgres.stop()
+            time.sleep(13)  # past the socket's idle check (10 s) and the subscription's cache (5 s)
+            own_postgres.start()
+            wait_until(lambda: http.post("/topics/t/messages", json=[{"after": 1}]).status_code == 204, 20)
+            frames = []
+            while not frames or frames[-1]["type"] not in ("message", "error"):
+                frames.append(json.loads(ws.recv(timeout=20)))
+    assert [f["type"] for f in frames] == ["message"], frames
+    assert frames[-1]["message"]["payload"] == {"after": 1}

@@ -350,8 +350,7 @@ class Connection:
                 subscription_id, consumer_id, window, idle_seconds=IDLE_CHECK_SECONDS
             ):
                 if not events:  # nothing for a while: NotFoundError if it was deleted meanwhile
-                    subscription = await self.delivery.hub.subscription(subscription_id)
-                    window.lease_seconds = subscription.ack_deadline_seconds  # it may have changed
+                    await self.delivery.refresh_window(subscription_id, window)
                 for _, data in events:
                     await self._send_text('{"type":"message","message":' + data + "}")
         except FastPubSubError as exc:
