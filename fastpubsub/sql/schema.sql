@@ -198,6 +198,10 @@ CREATE TABLE fastpubsub.acked_deliveries (
     message_id uuid NOT NULL,
     subscription_key integer NOT NULL,
     attempts integer NOT NULL,
+    -- When the lease this ack settled was taken (NULL when no lease's ack put
+    -- the row here, as with seek): an ack by receipt repeated after it landed
+    -- is recognised by it and answered `acknowledged` again.
+    leased_at timestamptz,
     PRIMARY KEY (subscription_key, message_id)
 );
 CREATE INDEX acked_deliveries_acked_at_brin ON fastpubsub.acked_deliveries USING brin (acked_at);

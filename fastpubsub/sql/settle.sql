@@ -31,8 +31,9 @@ BEGIN
 END
 $$;
 
--- Acknowledge the leased rows at p_rows: they move to acked_deliveries.
--- Returns their message ids. A registered stream hears `settled:<subscription>`.
+-- Acknowledge the leased rows at p_rows: they move to acked_deliveries, with
+-- when their lease was taken. Returns their message ids. A registered stream
+-- hears `settled:<subscription>`.
 CREATE OR REPLACE FUNCTION fastpubsub._ack_rows(s fastpubsub.subscriptions, p_rows tid[])
 RETURNS uuid[]
 LANGUAGE plpgsql
@@ -43,10 +44,10 @@ BEGIN
     WITH gone AS (
         DELETE FROM fastpubsub.deliveries AS d
         WHERE d.ctid = ANY (p_rows) AND d.lease_until > now()
-        RETURNING d.message_id, d.attempts
+        RETURNING d.message_id, d.attempts, d.leased_at
     ), kept AS (
-        INSERT INTO fastpubsub.acked_deliveries (acked_at, message_id, subscription_key, attempts)
-        SELECT now(), gone.message_id, s.key, gone.attempts FROM gone
+        INSERT INTO fastpubsub.acked_deliveries (acked_at, message_id, subscription_key, attempts, leased_at)
+        SELECT now(), gone.message_id, s.key, gone.attempts, gone.leased_at FROM gone
         RETURNING message_id
     )
     SELECT coalesce(array_agg(kept.message_id), '{}') INTO v_done FROM kept;
@@ -344,15 +345,16 @@ BEGIN
         FOR r IN
             WITH items AS (
                 SELECT e.member, e.pos, e.item,
-                       CASE WHEN g.by_receipt THEN (fastpubsub._receipt_lease(e.item)).message_id
-                            ELSE e.item::uuid END AS message_id,
+                       CASE WHEN g.by_receipt THEN l.message_id ELSE e.item::uuid END AS message_id,
+                       l.leased_micros,
                        -- (an id by its value: the same message spelt in capitals or without
                        -- hyphens is still named twice)
                        min(e.member) OVER (PARTITION BY CASE WHEN g.by_receipt THEN e.item
                                                              ELSE e.item::uuid::text END) AS first_member
                 FROM unnest(v_members, v_items) WITH ORDINALITY AS e(member, item, pos)
+                CROSS JOIN LATERAL fastpubsub._receipt_lease(CASE WHEN g.by_receipt THEN e.item END) AS l
             ), settled AS (
-                SELECT i.member, i.pos, i.message_id,
+                SELECT i.member, i.pos, i.message_id, i.leased_micros,
                        i.member = i.first_member AND v_done_set ? i.message_id::text
                        AND (NOT g.by_receipt OR v_matched_set ? i.pos::text) AS here,
                        v_dead_set ? i.message_id::text AS dead
@@ -366,6 +368,13 @@ BEGIN
                                       WHEN t.here AND t.dead THEN 'dead_lettered'
                                       WHEN t.here THEN CASE g.action WHEN 'ack' THEN 'acknowledged'
                                                                      WHEN 'nack' THEN 'nacked' ELSE 'extended' END
+                                      -- an ack of this very lease landed before (its answer
+                                      -- was lost, say): acknowledged again, counted once
+                                      WHEN g.action = 'ack' AND EXISTS (
+                                          SELECT 1 FROM fastpubsub.acked_deliveries AS a
+                                          WHERE a.subscription_key = s.key AND a.message_id = t.message_id
+                                            AND fastpubsub._micros(a.leased_at) = t.leased_micros)
+                                          THEN 'acknowledged'
                                       ELSE 'lease not held' END ORDER BY t.pos)
                    END AS outcomes
             FROM settled AS t
@@ -393,7 +402,8 @@ $$;
 -- By receipt: each receipt with its outcome, in order: 'acknowledged',
 -- 'nacked' (it will be retried), 'dead_lettered', 'extended', or 'lease not
 -- held' (it ran out, was settled already, or is someone else's) or 'invalid
--- receipt'. One request of _settle_batch each.
+-- receipt'. An ack of a lease whose ack landed already is 'acknowledged'
+-- again (counted once). One request of _settle_batch each.
 CREATE OR REPLACE FUNCTION fastpubsub._settle_receipts(p_request jsonb)
 RETURNS TABLE(receipt text, outcome text)
 LANGUAGE sql

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -189,6 +191,70 @@ def test_a_late_callback_never_settles_another_consumers_lease(server: Server) -
         assert consumer.stats.acked == 0
         metrics = client.metrics("s")
         assert (metrics.acked, metrics.delivered) == (0, 1)  # the other consumer's lease stands
+
+
+class AnswerDropper:
+    """A loopback proxy to a server that passes everything on but the answer to the first request
+    starting with `request_line`: that connection closes once the server has the request."""
+
+    def __init__(self, upstream_url: str, request_line: bytes) -> None:
+        self.upstream = ("127.0.0.1", int(upstream_url.rsplit(":", 1)[1]))
+        self.request_line = request_line
+        self.dropped = 0
+        self.lock = threading.Lock()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        self.listener.close()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = self.listener.accept()
+                upstream = socket.create_connection(self.upstream)
+                drop = threading.Event()
+                threading.Thread(target=self._up, args=(client, upstream, drop), daemon=True).start()
+                threading.Thread(target=self._down, args=(upstream, client, drop), daemon=True).start()
+
+    def _up(self, client: socket.socket, upstream: socket.socket, drop: threading.Event) -> None:
+        with contextlib.suppress(OSError):
+            while data := client.recv(65536):
+                if data.startswith(self.request_line):
+                    with self.lock:
+                        if not self.dropped:
+                            self.dropped = 1
+                            drop.set()
+                upstream.sendall(data)
+
+    def _down(self, upstream: socket.socket, client: socket.socket, drop: threading.Event) -> None:
+        with contextlib.suppress(OSError):
+            while (data := upstream.recv(65536)) and not drop.is_set():
+                client.sendall(data)
+        for end in (client, upstream):  # shutdown first: a close alone waits for the other thread's recv
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+            end.close()
+
+
+def test_an_ack_whose_answer_was_lost_counts_as_acked_not_lost(server: Server) -> None:
+    """The ack is sent again and the server says its lease was acked by it: nothing is lost."""
+    with Client(server.url) as client:
+        client.create_topic("t")
+        client.create_subscription("s", "t")
+        publish(client, "t", 1)
+    proxy = AnswerDropper(server.url, b"POST /subscriptions/s/acks")
+    try:
+        with Client(proxy.url) as client, Subscriber(client) as subscriber:
+            consumer = subscriber.subscribe("s", lambda message: None, transport="poll")
+            wait_until(lambda: consumer.stats.acked + consumer.stats.lost == 1, 30, "the ack")
+    finally:
+        proxy.close()
+    assert proxy.dropped == 1
+    assert (consumer.stats.acked, consumer.stats.lost, consumer.stats.settle_errors) == (1, 0, 0)
+    with Client(server.url) as client:
+        assert client.metrics("s").acked == 1
 
 
 def test_flow_control_holds_at_most_max_messages(server: Server) -> None:

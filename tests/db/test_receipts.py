@@ -6,6 +6,7 @@ import time
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from tests.db.sql import consume_full, create_subscription, create_topic, deliveries, expire_leases, publish
 
@@ -106,3 +107,47 @@ def test_seconds_out_of_range_are_refused(queue: psycopg.Connection) -> None:
 def test_null_receipts_are_none(queue: psycopg.Connection, function: str, args: tuple[object, ...]) -> None:
     # As ack('s', NULL) acks nothing: no error of PostgreSQL's own (it was "cannot extract elements").
     assert receipts_call(queue, function, None, *args) == []
+
+
+def settle_batch(conn: psycopg.Connection, *requests: dict[str, object]) -> list[dict[str, object]]:
+    rows = conn.execute("SELECT result FROM fastpubsub._settle_batch(%s::jsonb)", [Jsonb(list(requests))])
+    return [row[0] for row in rows.fetchall()]
+
+
+def test_an_ack_repeated_after_it_landed_is_acknowledged_again_and_counted_once(
+    queue: psycopg.Connection,
+) -> None:
+    # A client whose answer was lost sends the same ack again: the lease is gone because that very
+    # ack settled it, so the message is acked and the client should hear so.
+    publish(queue, "t", [{"n": 1}, {"n": 2}])
+    first, second = consume_full(queue, "s", "a", 2)
+    assert receipts_call(queue, "ack_receipts", [first["receipt"]]) == [(first["receipt"], "acknowledged")]
+    again = {"subscription": "s", "action": "ack", "receipts": [first["receipt"], second["receipt"]]}
+    (result,) = settle_batch(queue, again)
+    assert result["outcomes"] == ["acknowledged", "acknowledged"]
+    assert result["done"] == 1  # only the second is acked now
+    # Only an ack is repeated so: the lease cannot be nacked or extended any more.
+    not_held = [(first["receipt"], "lease not held")]
+    assert receipts_call(queue, "nack_receipts", [first["receipt"]], True) == not_held
+    assert receipts_call(queue, "extend_lease_receipts", [first["receipt"]], 60) == not_held
+    leased = queue.execute(
+        "SELECT fastpubsub._receipt(message_id, leased_at) FROM fastpubsub.acked_deliveries"
+    ).fetchall()
+    assert sorted(r for (r,) in leased) == sorted([first["receipt"], second["receipt"]])
+
+
+def test_an_ack_of_a_lease_that_ran_out_is_not_acknowledged_by_the_next_consumers_ack(
+    queue: psycopg.Connection,
+) -> None:
+    publish(queue, "t", [{"n": 1}])
+    (a,) = consume_full(queue, "s", "a", 1)
+    time.sleep(0.002)
+    expire_leases(queue, "s")
+    (b,) = consume_full(queue, "s", "b", 1)
+    assert receipts_call(queue, "ack_receipts", [b["receipt"]]) == [(b["receipt"], "acknowledged")]
+    # The message is acked, but not by a's lease: a's ack did not count.
+    assert receipts_call(queue, "ack_receipts", [a["receipt"]]) == [(a["receipt"], "lease not held")]
+    assert receipts_call(queue, "ack_receipts", [b["receipt"]]) == [(b["receipt"], "acknowledged")]
+    # Rows acked before acked_deliveries kept the lease's time (or by seek) hold none: not matched.
+    queue.execute("UPDATE fastpubsub.acked_deliveries SET leased_at = NULL")
+    assert receipts_call(queue, "ack_receipts", [b["receipt"]]) == [(b["receipt"], "lease not held")]
