@@ -218,17 +218,20 @@ _WARNED: set[str] = set()
 
 
 def _warn_of_unknown_variables() -> None:
-    """A FASTPUBSUB_ variable that names no setting (a misspelling, say) is ignored: say so."""
+    """A FASTPUBSUB_ variable that names no setting (a misspelling, say) is ignored: say so.
+
+    Those of the environment and those of the `.env` file the settings read.
+    """
     import difflib
 
     known = {f"FASTPUBSUB_{name.upper()}" for name in Settings.model_fields}
-    for name in sorted(os.environ):
+    for name, value, where in _variables():
         spelt = name.upper()
         if (
             spelt.startswith("FASTPUBSUB_")
             and spelt not in known
             and not spelt.startswith("FASTPUBSUB_TEST_")
-            and not _service_link(spelt, os.environ[name])
+            and not _service_link(spelt, value)
         ):
             if name in _WARNED:
                 continue
@@ -236,7 +239,26 @@ def _warn_of_unknown_variables() -> None:
             prefix = len("FASTPUBSUB_")  # compared without it: every name shares it
             close = difflib.get_close_matches(spelt[prefix:], [k[prefix:] for k in known], n=1)
             hint = f" (did you mean FASTPUBSUB_{close[0]}?)" if close else ""
-            typer.echo(f"warning: {name} is not a fastpubsub setting and is ignored{hint}", err=True)
+            typer.echo(f"warning: {name}{where} is not a fastpubsub setting and is ignored{hint}", err=True)
+
+
+def _variables() -> list[tuple[str, str, str]]:
+    """(name, value, where) of each variable of the environment, then of the `.env` file not set there."""
+    variables = [(name, os.environ[name], "") for name in sorted(os.environ)]
+    env_file = Path(str(Settings.model_config.get("env_file") or ""))
+    if env_file.name and env_file.is_file():
+        from dotenv import dotenv_values
+
+        try:
+            in_file = dotenv_values(env_file)
+        except (OSError, UnicodeDecodeError):
+            return variables  # the settings say what is wrong with it
+        variables += [
+            (name, value or "", f" (in {env_file})")
+            for name, value in sorted(in_file.items())
+            if name not in os.environ
+        ]
+    return variables
 
 
 def _settings() -> Settings:

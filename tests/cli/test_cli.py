@@ -329,6 +329,24 @@ def test_a_variable_that_names_no_setting_is_ignored_with_a_warning(invoke: Invo
     assert invoke("list-clients").stderr == ""  # said once
 
 
+def test_a_dotenv_variable_that_names_no_setting_is_ignored_with_a_warning(
+    invoke: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fastpubsub import cli
+
+    cli._WARNED.clear()
+    (tmp_path / ".env").write_text(
+        "# auth meant to be on\nFASTPUBSUB_AUTH_ENABLE=true\nFASTPUBSUB_CLEANUP_BATCH_SIZE=10\nOTHER_TOOL=1\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    result = invoke("list-clients")
+    assert result.exit_code == 0, result.output
+    assert result.stderr == (
+        "warning: FASTPUBSUB_AUTH_ENABLE (in .env) is not a fastpubsub setting and is ignored "
+        "(did you mean FASTPUBSUB_AUTH_ENABLED?)\n"
+    )
+
+
 def test_update_client_with_nothing_to_change_is_refused(invoke: Invoke) -> None:
     created = invoke("create-client", "app", "topics:read", "true")
     client_id, _ = client_ids(created.output)
