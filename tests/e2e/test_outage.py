@@ -175,7 +175,7 @@ def test_a_websocket_subscription_rides_out_an_outage_as_a_stream_does(
             ws.send(json.dumps({"type": "subscribe", "subscription": "s", "consumer_id": "x"}))
             assert json.loads(ws.recv(timeout=10))["type"] == "subscribed"
             own_postgres.stop()
-            time.sleep(13)  # past the socket's idle check (10 s) and the subscription's cache (5 s)
+            time.sleep(11)  # past the socket's idle check (8-10 s) and the subscription's cache (5 s)
             own_postgres.start()
             wait_until(lambda: http.post("/topics/t/messages", json=[{"after": 1}]).status_code == 204, 20)
             frames = []
