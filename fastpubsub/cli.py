@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import os
 import re
@@ -249,10 +250,14 @@ def _variables() -> list[tuple[str, str, str]]:
     if env_file.name and env_file.is_file():
         from dotenv import dotenv_values
 
+        said = logging.getLogger("dotenv.main")  # a line it cannot parse: the settings say so too
+        was_disabled, said.disabled = said.disabled, True
         try:
             in_file = dotenv_values(env_file)
         except (OSError, UnicodeDecodeError):
             return variables  # the settings say what is wrong with it
+        finally:
+            said.disabled = was_disabled
         variables += [
             (name, value or "", f" (in {env_file})")
             for name, value in sorted(in_file.items())

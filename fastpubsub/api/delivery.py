@@ -50,6 +50,9 @@ log = logging.getLogger(__name__)
 # Streams send a keep-alive comment after at most this long without writing
 # anything, so that proxies keep them open.
 KEEPALIVE_SECONDS = 15.0
+# A busy stream reads its subscription (a changed ack deadline) at most this
+# often; an idle one at each idle batch (see Delivery.refresh_window).
+REFRESH_SECONDS = 15.0
 # Each quiet spell before a keep-alive (or a WebSocket's idle check) lasts a
 # random 80-100 % of its interval, ending on a tick of IDLE_TICK_SECONDS.
 # Streams opened together (thousands of clients reconnecting at once, say)
@@ -412,21 +415,29 @@ class Delivery:
                         yield b"".join(sse_event(message_id, data) for message_id, data in events)
                     else:
                         yield b": keep-alive\n\n"
-                        await self.refresh_window(subscription_id, window)
+                    await self.refresh_window(subscription_id, window, idle=not events)
             except FastPubSubError as exc:
                 # Headers are gone already: say what happened in the stream and end it.
                 log.warning("stream of %s ended: %s", subscription_id, exc)
                 yield _error_event(exc.message)
 
-    async def refresh_window(self, subscription_id: str, window: Window) -> None:
+    async def refresh_window(self, subscription_id: str, window: Window, *, idle: bool) -> None:
         """Take a changed ack deadline into a stream's window (NotFoundError once the subscription is gone).
 
-        Streams call it when idle. While the database cannot be asked the
-        window keeps what it had: lease_batches rides out the outage itself.
+        Streams call it after each batch they send: after an idle batch it
+        reads the subscription (the hub keeps what it read for
+        SUBSCRIPTION_SECONDS), after others at most every REFRESH_SECONDS.
+        Not while lease_batches waits for the database (it rides out the
+        outage itself); a read that fails for the database's sake changes
+        nothing.
         """
+        now = asyncio.get_running_loop().time()
+        if window.database_away or (not idle and now - window.refreshed < REFRESH_SECONDS):
+            return
+        window.refreshed = now
         try:
             subscription = await self.hub.subscription(subscription_id)
-        except DatabaseUnavailableError:
+        except (DatabaseUnavailableError, StatementTimeoutError):
             return
         window.lease_seconds = subscription.ack_deadline_seconds
 
@@ -505,6 +516,7 @@ class Delivery:
                             events, due = await self.database.consume_events(
                                 subscription_id, consumer_id, min(room, MAX_BATCH_SIZE)
                             )
+                            window.database_away = False
                             if events:
                                 full = len(events) >= min(room, MAX_BATCH_SIZE)
                                 if full:
@@ -523,8 +535,10 @@ class Delivery:
                             earliest = min(held.values()) - loop.time() + 0.005
                             timeout = min(max(earliest, 0), FULL_RECHECK_SECONDS)
                         outage_since, retry = None, OUTAGE_RETRY_SECONDS
+                        window.database_away = False
                     except (DatabaseUnavailableError, StatementTimeoutError) as exc:
                         # Keep the client: the database is away, not the messages.
+                        window.database_away = True
                         if outage_since is None:
                             outage_since = loop.time()
                             log.warning("stream of %s waits for the database: %s", subscription_id, exc)
@@ -580,6 +594,8 @@ class Window:
         self.lease_seconds = lease_seconds
         self.held: dict[UUID, float] = {}  # messages out, and when (loop time) their leases end
         self.waiter: Waiter | None = None  # while the stream runs
+        self.database_away = False  # the stream's last look could not reach the database
+        self.refreshed = 0.0  # when (loop time) Delivery.refresh_window last read the subscription
 
     def room(self) -> int:
         """How many more messages the stream may lease now."""

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from fastpubsub.api import delivery, wakeups
+from fastpubsub.exceptions import StatementTimeoutError
 from tests.api.asgi import Exchange, LoopLag, count_queries, until_quiet
 from tests.api.conftest import ClientFactory
 
@@ -105,6 +106,60 @@ async def test_a_stream_takes_a_changed_ack_deadline_by_its_next_keep_alive(
         first = json.loads((await sse.next_event(within=5))[0])
         again = json.loads((await sse.next_event(within=6))[0])  # its 1 s lease ran out: here again
         assert (again["id"], again["delivery_attempts"]) == (first["id"], 2)
+    finally:
+        await sse.close()
+
+
+async def test_a_busy_stream_takes_a_changed_ack_deadline_too(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No keep-alive comes (the stream is never quiet for long): it reads the subscription after a
+    # batch once REFRESH_SECONDS have passed since it last did.
+    monkeypatch.setattr(delivery, "FULL_RECHECK_SECONDS", 60.0)
+    monkeypatch.setattr(delivery, "KEEPALIVE_SECONDS", 60.0)
+    monkeypatch.setattr(delivery, "REFRESH_SECONDS", 0.0)
+    monkeypatch.setattr(wakeups, "SUBSCRIPTION_SECONDS", 0.0)
+    await setup(api, ack_deadline_seconds=60)
+    sse = stream(api, max_in_flight=1)
+    try:
+        await asyncio.sleep(0.2)
+        assert (await api.patch("/subscriptions/s", json={"ack_deadline_seconds": 1})).status_code == 200
+        await api.post("/topics/t/messages", json=[{"n": 1}])
+        first = json.loads((await sse.next_event(within=5))[0])  # read after it: the deadline is 1 s
+        assert (await api.post("/subscriptions/s/acks", json=[first["id"]])).status_code == 204
+        await api.post("/topics/t/messages", json=[{"n": 2}])
+        second = json.loads((await sse.next_event(within=5))[0])
+        again = json.loads((await sse.next_event(within=6))[0])  # counted with 1 s: here again
+        assert (again["id"], again["delivery_attempts"]) == (second["id"], 2)
+        assert sse.comments() == []
+    finally:
+        await sse.close()
+
+
+async def test_a_stream_whose_subscription_cannot_be_read_keeps_going(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A statement timeout (or an outage) while a keep-alive reads the subscription: the stream
+    # keeps its deadline and its client, as its looks do.
+    monkeypatch.setattr(delivery, "KEEPALIVE_SECONDS", 0.3)
+    monkeypatch.setattr(wakeups, "SUBSCRIPTION_SECONDS", 0.0)
+    await setup(api)
+    sse = stream(api, max_in_flight=5)
+    try:
+        await asyncio.sleep(0.2)
+
+        async def timing_out(subscription_id: str) -> object:
+            raise StatementTimeoutError("the statement took too long")
+
+        database = api.app.state.database  # type: ignore[attr-defined]
+        monkeypatch.setattr(database, "get_subscription", timing_out)
+        await asyncio.sleep(1.2)
+        assert sse.comments().count(b": keep-alive\n\n") >= 2
+        monkeypatch.undo()
+        await api.post("/topics/t/messages", json=[{"n": 1}])
+        data, _ = await sse.next_event(within=5)
+        assert json.loads(data)["payload"] == {"n": 1}
+        assert b"event: error" not in sse.body
     finally:
         await sse.close()
 

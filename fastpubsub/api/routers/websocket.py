@@ -349,10 +349,10 @@ class Connection:
             async for events in self.delivery.lease_batches(
                 subscription_id, consumer_id, window, idle_seconds=IDLE_CHECK_SECONDS
             ):
-                if not events:  # nothing for a while: NotFoundError if it was deleted meanwhile
-                    await self.delivery.refresh_window(subscription_id, window)
                 for _, data in events:
                     await self._send_text('{"type":"message","message":' + data + "}")
+                # A changed ack deadline; NotFoundError if it was deleted meanwhile (noticed when idle).
+                await self.delivery.refresh_window(subscription_id, window, idle=not events)
         except FastPubSubError as exc:
             log.warning("websocket stream of %s ended: %s", subscription_id, exc)
             self.streams.pop(subscription_id, None)
