@@ -249,7 +249,7 @@ def test_bench_all_runs_every_phase_and_its_exit_status_is_the_verdict(
             "--rate",
             "20",
             "--e2e-seconds",
-            "2",
+            "1",
             "--wal-messages",
             "2000",
             "--http-seconds",
