@@ -87,13 +87,16 @@ async def test_a_full_stream_wakes_when_its_own_lease_ends(
         await sse.close()
 
 
-async def test_a_stream_takes_a_changed_ack_deadline_by_its_next_keep_alive(
-    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("busy", [False, True], ids=["idle", "busy"])
+async def test_a_stream_takes_a_changed_ack_deadline(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch, busy: bool
 ) -> None:
-    # The stream's window frees a place when a lease it took ends: by the deadline the lease
-    # was taken under, read again when the stream is idle.
+    # The stream's window frees a place when a lease it took ends: by the deadline the lease was
+    # taken under, read again at a keep-alive when idle, and when busy after a batch once
+    # REFRESH_SECONDS have passed since it last did (no keep-alive comes then).
     monkeypatch.setattr(delivery, "FULL_RECHECK_SECONDS", 60.0)
-    monkeypatch.setattr(delivery, "KEEPALIVE_SECONDS", 0.3)
+    monkeypatch.setattr(delivery, "KEEPALIVE_SECONDS", 60.0 if busy else 0.3)
+    monkeypatch.setattr(delivery, "REFRESH_SECONDS", 0.0 if busy else 60.0)
     monkeypatch.setattr(wakeups, "SUBSCRIPTION_SECONDS", 0.0)
     await setup(api, ack_deadline_seconds=60)
     sse = stream(api, max_in_flight=1)
@@ -101,37 +104,17 @@ async def test_a_stream_takes_a_changed_ack_deadline_by_its_next_keep_alive(
         await asyncio.sleep(0.2)
         patched = await api.patch("/subscriptions/s", json={"ack_deadline_seconds": 1})
         assert patched.status_code == 200, patched.text
-        await asyncio.sleep(0.8)  # a keep-alive or two
-        await api.post("/topics/t/messages", json=[{"n": 1}])
-        first = json.loads((await sse.next_event(within=5))[0])
-        again = json.loads((await sse.next_event(within=6))[0])  # its 1 s lease ran out: here again
-        assert (again["id"], again["delivery_attempts"]) == (first["id"], 2)
-    finally:
-        await sse.close()
-
-
-async def test_a_busy_stream_takes_a_changed_ack_deadline_too(
-    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # No keep-alive comes (the stream is never quiet for long): it reads the subscription after a
-    # batch once REFRESH_SECONDS have passed since it last did.
-    monkeypatch.setattr(delivery, "FULL_RECHECK_SECONDS", 60.0)
-    monkeypatch.setattr(delivery, "KEEPALIVE_SECONDS", 60.0)
-    monkeypatch.setattr(delivery, "REFRESH_SECONDS", 0.0)
-    monkeypatch.setattr(wakeups, "SUBSCRIPTION_SECONDS", 0.0)
-    await setup(api, ack_deadline_seconds=60)
-    sse = stream(api, max_in_flight=1)
-    try:
-        await asyncio.sleep(0.2)
-        assert (await api.patch("/subscriptions/s", json={"ack_deadline_seconds": 1})).status_code == 200
-        await api.post("/topics/t/messages", json=[{"n": 1}])
-        first = json.loads((await sse.next_event(within=5))[0])  # read after it: the deadline is 1 s
-        assert (await api.post("/subscriptions/s/acks", json=[first["id"]])).status_code == 204
+        if busy:
+            await api.post("/topics/t/messages", json=[{"n": 1}])
+            first = json.loads((await sse.next_event(within=5))[0])  # read after it: 1 s now
+            assert (await api.post("/subscriptions/s/acks", json=[first["id"]])).status_code == 204
+        else:
+            await asyncio.sleep(0.8)  # a keep-alive or two
         await api.post("/topics/t/messages", json=[{"n": 2}])
-        second = json.loads((await sse.next_event(within=5))[0])
-        again = json.loads((await sse.next_event(within=6))[0])  # counted with 1 s: here again
-        assert (again["id"], again["delivery_attempts"]) == (second["id"], 2)
-        assert sse.comments() == []
+        taken = json.loads((await sse.next_event(within=5))[0])
+        again, comments = await sse.next_event(within=6)  # counted with 1 s: here again
+        assert (json.loads(again)["id"], json.loads(again)["delivery_attempts"]) == (taken["id"], 2)
+        assert busy is (comments == [])
     finally:
         await sse.close()
 
