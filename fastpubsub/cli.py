@@ -478,8 +478,6 @@ def _warn_unless_migrated(url: str, meanwhile: str = "/readiness answers 503 unt
 
     (The push-worker says what it does `meanwhile` instead.)
     """
-    import logging
-
     from fastpubsub import migrate
 
     try:
@@ -680,8 +678,6 @@ def push_worker(
     _warn_unless_migrated(settings.database_url or "", "nothing is pushed until then")
 
     async def work() -> None:
-        import logging
-
         from prometheus_client import CollectorRegistry, start_http_server
 
         from fastpubsub.push.worker import PushWorker

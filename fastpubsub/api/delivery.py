@@ -432,7 +432,7 @@ class Delivery:
         nothing.
         """
         now = asyncio.get_running_loop().time()
-        if window.database_away or (not idle and now - window.refreshed < REFRESH_SECONDS):
+        if window.outage_since is not None or (not idle and now - window.refreshed < REFRESH_SECONDS):
             return
         window.refreshed = now
         try:
@@ -479,7 +479,7 @@ class Delivery:
         # (which wakes it) makes a look worthwhile.
         handed_all = False
         checked = written  # when the database last said which leases are still held (none yet)
-        outage_since: float | None = None
+        window.outage_since = None  # (a window may be used again: the push-worker's is)
         retry = OUTAGE_RETRY_SECONDS
         with (
             hub.stream(subscription_id),
@@ -516,7 +516,6 @@ class Delivery:
                             events, due = await self.database.consume_events(
                                 subscription_id, consumer_id, min(room, MAX_BATCH_SIZE)
                             )
-                            window.database_away = False
                             if events:
                                 full = len(events) >= min(room, MAX_BATCH_SIZE)
                                 if full:
@@ -534,15 +533,13 @@ class Delivery:
                         elif held:
                             earliest = min(held.values()) - loop.time() + 0.005
                             timeout = min(max(earliest, 0), FULL_RECHECK_SECONDS)
-                        outage_since, retry = None, OUTAGE_RETRY_SECONDS
-                        window.database_away = False
+                        window.outage_since, retry = None, OUTAGE_RETRY_SECONDS
                     except (DatabaseUnavailableError, StatementTimeoutError) as exc:
                         # Keep the client: the database is away, not the messages.
-                        window.database_away = True
-                        if outage_since is None:
-                            outage_since = loop.time()
+                        if window.outage_since is None:
+                            window.outage_since = loop.time()
                             log.warning("stream of %s waits for the database: %s", subscription_id, exc)
-                        if loop.time() - outage_since > self.stream_outage_seconds:
+                        if loop.time() - window.outage_since > self.stream_outage_seconds:
                             raise DatabaseUnavailableError(
                                 f"the database has been unavailable for over {self.stream_outage_seconds:g} s"
                             ) from exc
@@ -594,7 +591,7 @@ class Window:
         self.lease_seconds = lease_seconds
         self.held: dict[UUID, float] = {}  # messages out, and when (loop time) their leases end
         self.waiter: Waiter | None = None  # while the stream runs
-        self.database_away = False  # the stream's last look could not reach the database
+        self.outage_since: float | None = None  # when (loop time) the stream's looks began to fail
         self.refreshed = 0.0  # when (loop time) Delivery.refresh_window last read the subscription
 
     def room(self) -> int:

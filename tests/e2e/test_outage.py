@@ -28,13 +28,18 @@ def wait_until(check: Callable[[], bool], seconds: float) -> float:
     raise AssertionError(f"condition not met within {seconds} s")
 
 
+def topic_and_subscription(http: httpx.Client) -> None:
+    """Topic t with subscription s."""
+    http.post("/topics", json={"id": "t"})
+    http.post("/subscriptions", json={"id": "s", "topic_id": "t"})
+
+
 def test_database_stopped_then_started(
     own_postgres: EmbeddedPostgres, run_server: Callable[..., Server]
 ) -> None:
     server, _ = serve_migrated(own_postgres, run_server)
     with server.client() as http:
-        http.post("/topics", json={"id": "t"})
-        http.post("/subscriptions", json={"id": "s", "topic_id": "t"})
+        topic_and_subscription(http)
         assert http.post("/topics/t/messages", json=[{"before": True}]).status_code == 204
 
         own_postgres.stop()
@@ -116,8 +121,7 @@ def test_an_outage_is_logged_once_and_background_lines_name_no_request(
 ) -> None:
     server, _ = serve_migrated(own_postgres, run_server)
     with server.client() as http:
-        http.post("/topics", json={"id": "t"})
-        http.post("/subscriptions", json={"id": "s", "topic_id": "t"})
+        topic_and_subscription(http)
         own_postgres.stop()
         failed = http.get(
             "/subscriptions/s/messages",
@@ -147,8 +151,7 @@ def test_a_websocket_opened_while_the_database_is_away_is_closed_saying_try_agai
 
     server, _ = serve_migrated(own_postgres, run_server)
     with server.client() as http:
-        http.post("/topics", json={"id": "t"})
-        http.post("/subscriptions", json={"id": "s", "topic_id": "t"})
+        topic_and_subscription(http)
     own_postgres.stop()
     url = server.url.replace("http://", "ws://") + "/subscriptions/s/ws?consumer_id=x"
     with connect(url, proxy=None, open_timeout=10) as ws, pytest.raises(ConnectionClosed) as closed:
@@ -168,8 +171,7 @@ def test_a_websocket_subscription_rides_out_an_outage_as_a_stream_does(
 
     server = run_server(base_env(migrated(own_postgres)), workers=1)
     with server.client() as http:
-        http.post("/topics", json={"id": "t"})
-        http.post("/subscriptions", json={"id": "s", "topic_id": "t"})
+        topic_and_subscription(http)
         url = server.url.replace("http://", "ws://") + "/ws"
         with connect(url, proxy=None, open_timeout=10) as ws:
             ws.send(json.dumps({"type": "subscribe", "subscription": "s", "consumer_id": "x"}))
