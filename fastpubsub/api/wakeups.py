@@ -230,6 +230,7 @@ class WakeHub:
         self._pending_siblings: set[int] = set()  # workers whose datagram what is pending needs
         self._tell_everything_until = math.inf  # until everyone's interests are known
         self._subscriptions: dict[str, tuple[float, Subscription]] = {}
+        self._reading: dict[str, asyncio.Task[Subscription]] = {}  # reads of them under way
         self._touching: set[asyncio.Task[None]] = set()
         self._sender: asyncio.Task[None] | None = None
         self._send_failing = False  # the last notification could not be sent (said once an outage)
@@ -324,17 +325,34 @@ class WakeHub:
     async def subscription(self, subscription_id: str) -> Subscription:
         """The subscription (NotFoundError if there is none), read at most every SUBSCRIPTION_SECONDS.
 
-        Thousands of streams opening on one subscription then cost one query, not thousands.
+        Thousands of streams opening on one subscription then cost one query,
+        not thousands; those that ask while it is being read wait for that read
+        (one query, not one per stream whose keep-alive falls in its few
+        milliseconds). A caller that goes away does not stop it for the others.
         """
         loop = asyncio.get_running_loop()
         cached = self._subscriptions.get(subscription_id)
         if cached is not None and loop.time() - cached[0] < SUBSCRIPTION_SECONDS:
             return cached[1]
+        reading = self._reading.get(subscription_id)
+        if reading is None:
+            reading = loop.create_task(self._read_subscription(subscription_id), name="fastpubsub-subscription")
+            self._reading[subscription_id] = reading
+            reading.add_done_callback(functools.partial(self._read_done, subscription_id))
+        return await asyncio.shield(reading)
+
+    async def _read_subscription(self, subscription_id: str) -> Subscription:
         found = await self.database.get_subscription(subscription_id)
         if len(self._subscriptions) > 10_000:
             self._subscriptions.clear()
-        self._subscriptions[subscription_id] = (loop.time(), found)
+        self._subscriptions[subscription_id] = (asyncio.get_running_loop().time(), found)
         return found
+
+    def _read_done(self, subscription_id: str, reading: asyncio.Task[Subscription]) -> None:
+        if self._reading.get(subscription_id) is reading:
+            del self._reading[subscription_id]
+        if not reading.cancelled():
+            reading.exception()  # retrieved: every caller may have gone before it failed
 
     @contextlib.contextmanager
     def stream(self, subscription_id: str) -> Iterator[None]:

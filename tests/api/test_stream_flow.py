@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from fastpubsub.api import delivery, wakeups
-from fastpubsub.exceptions import StatementTimeoutError
+from fastpubsub.exceptions import NotFoundError, StatementTimeoutError
 from tests.api.asgi import Exchange, LoopLag, count_queries, until_quiet
 from tests.api.conftest import ClientFactory
 
@@ -145,6 +145,30 @@ async def test_a_stream_whose_subscription_cannot_be_read_keeps_going(
         assert b"event: error" not in sse.body
     finally:
         await sse.close()
+
+
+async def test_streams_asking_for_their_subscription_at_once_share_one_read(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Keep-alives of many streams falling due together when the process's copy has expired:
+    # one query, whose answer (or error) each of them gets; the first asker leaving does not
+    # take the read from the others.
+    monkeypatch.setattr(wakeups, "SUBSCRIPTION_SECONDS", 0.0)  # every read after the last one reads again
+    await setup(api, ack_deadline_seconds=42)
+    hub = api.app.state.hub  # type: ignore[attr-defined]
+    ran = count_queries(api, monkeypatch)
+    first = asyncio.create_task(hub.subscription("s"))
+    await asyncio.sleep(0)  # its read has started
+    others = [asyncio.create_task(hub.subscription("s")) for _ in range(50)]
+    first.cancel()
+    found = await asyncio.gather(*others)
+    assert {s.ack_deadline_seconds for s in found} == {42}
+    assert ran.count("get_subscription") == 1
+    await hub.subscription("s")  # after that read: a read of its own
+    assert ran.count("get_subscription") == 2
+    missing = await asyncio.gather(*(hub.subscription("nope") for _ in range(10)), return_exceptions=True)
+    assert all(isinstance(e, NotFoundError) for e in missing), missing
+    assert ran.count("get_subscription") == 3
 
 
 async def test_keep_alives_come_at_the_documented_interval(
