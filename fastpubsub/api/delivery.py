@@ -376,6 +376,12 @@ class Delivery:
     async def ack(self, subscription_id: str, ids: Sequence[UUID | str]) -> None:
         if ids:
             await self.settle(subscription_id, "ack", ids=ids)
+        else:
+            await self.check_subscription(subscription_id)
+
+    async def check_subscription(self, subscription_id: str) -> None:
+        """NotFoundError unless the subscription exists: what an empty list of ids still answers."""
+        await self.hub.subscription(subscription_id)
 
     async def extend_leases(self, subscription_id: str, ids: Sequence[UUID], seconds: int) -> None:
         await self.settle(subscription_id, "extend", ids=ids, seconds=seconds)

@@ -7,7 +7,7 @@ import uuid
 import httpx
 import pytest
 
-from tests.api.conftest import ClientFactory
+from tests.api.conftest import ClientFactory, fast_and_routed
 
 
 async def setup(api: httpx.AsyncClient, **subscription: object) -> None:
@@ -181,3 +181,28 @@ async def test_unknown_subscription_is_404_everywhere(
     response = await api.request(method, path, json=body)
     assert response.status_code == 404
     assert response.json() == {"detail": 'subscription "ghost" not found'}
+
+
+# (Empty lists of receipts, and of ids to extend, are 422: the body asks for at least one.)
+EMPTY_SETTLEMENTS: list[tuple[str, list[str]]] = [
+    ("/acks", []),
+    ("/nacks", []),
+    ("/nacks?requeue=false", []),
+    ("/dlq/reprocess", []),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), EMPTY_SETTLEMENTS)
+async def test_an_empty_settlement_names_a_subscription_that_must_exist(
+    make_api: ClientFactory, path: str, body: list[str]
+) -> None:
+    # Nothing to settle, but a missing subscription is still a 404, as with ids: a client
+    # pointed at the wrong name learns it at once (by the hot path and by the routes alike).
+    fast, routed = await fast_and_routed(make_api)
+    await setup(fast)
+    for api in (fast, routed):
+        missing = await api.post(f"/subscriptions/nope{path}", json=body)
+        assert missing.status_code == 404, missing.text
+        assert missing.json() == {"detail": 'subscription "nope" not found'}
+        present = await api.post(f"/subscriptions/s{path}", json=body)
+        assert present.status_code == 204, present.text

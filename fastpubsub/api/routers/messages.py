@@ -135,6 +135,8 @@ async def nack_messages(
     if not isinstance(body, ReceiptList):
         if body:
             await deliveries.settle(subscription_id, "nack", ids=body, requeue=requeue)
+        else:
+            await deliveries.check_subscription(subscription_id)
         return Response(status_code=204)
     outcomes = (await deliveries.settle(subscription_id, "nack", receipts=body.receipts, requeue=requeue))[
         "outcomes"

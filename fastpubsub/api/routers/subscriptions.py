@@ -289,6 +289,8 @@ async def reprocess_dlq(
     principal.require("subscriptions:consume", subscription_id)
     if ids:
         await database.reprocess_dlq(subscription_id, ids)
+    else:
+        await database.get_subscription(subscription_id)  # an empty list still names one that must exist
     return Response(status_code=204)
 
 
