@@ -336,7 +336,7 @@ class WakeHub:
             return cached[1]
         reading = self._reading.get(subscription_id)
         if reading is None:
-            reading = loop.create_task(self._read_subscription(subscription_id), name="fastpubsub-subscription")
+            reading = loop.create_task(self._read_subscription(subscription_id), name="fastpubsub-read")
             self._reading[subscription_id] = reading
             reading.add_done_callback(functools.partial(self._read_done, subscription_id))
         return await asyncio.shield(reading)
