@@ -63,7 +63,10 @@ $$;
 -- up, or at once when p_requeue is false. Returns the message ids given back, those dead-lettered, and how many
 -- are deliverable again at once (backoff 0). Waiting
 -- consumers hear of messages back in the queue now (or of a new due time); a
--- registered stream also hears `settled:<subscription>`.
+-- registered stream also hears `settled:<subscription>`. A row given back
+-- holds no lease (lease_until NULL) but keeps when the nacked one was taken
+-- (leased_at, until its next lease): a nack by receipt sent again after it
+-- landed is answered as it was (_settle_batch).
 CREATE OR REPLACE FUNCTION fastpubsub._nack_rows(
     s fastpubsub.subscriptions, p_rows tid[], p_requeue boolean,
     OUT done uuid[], OUT dead uuid[], OUT ready integer)
@@ -79,7 +82,6 @@ BEGIN
                               ELSE now() + make_interval(secs => fastpubsub._retry_delay(s, d.attempts))
                          END,
             lease_until = NULL,
-            leased_at = NULL,
             consumer_id = NULL
         WHERE d.ctid = ANY (p_rows) AND d.lease_until > now()
         RETURNING d.message_id, d.status, d.visible_at
@@ -375,6 +377,15 @@ BEGIN
                                           WHERE a.subscription_key = s.key AND a.message_id = t.message_id
                                             AND fastpubsub._micros(a.leased_at) = t.leased_micros)
                                           THEN 'acknowledged'
+                                      -- a nack of this very lease landed before: its outcome
+                                      -- again, counted once (_nack_rows keeps leased_at; the
+                                      -- next lease of the message changes it)
+                                      WHEN g.action = 'nack' THEN coalesce((
+                                          SELECT CASE WHEN d.status = 'dlq' THEN 'dead_lettered' ELSE 'nacked' END
+                                          FROM fastpubsub.deliveries AS d
+                                          WHERE d.subscription_key = s.key AND d.message_id = t.message_id
+                                            AND d.lease_until IS NULL
+                                            AND fastpubsub._micros(d.leased_at) = t.leased_micros), 'lease not held')
                                       ELSE 'lease not held' END ORDER BY t.pos)
                    END AS outcomes
             FROM settled AS t
@@ -403,7 +414,8 @@ $$;
 -- 'nacked' (it will be retried), 'dead_lettered', 'extended', or 'lease not
 -- held' (it ran out, was settled already, or is someone else's) or 'invalid
 -- receipt'. An ack of a lease whose ack landed already is 'acknowledged'
--- again (counted once). One request of _settle_batch each.
+-- again, a nack of a lease whose nack landed 'nacked' or 'dead_lettered' as
+-- it was (each counted once). One request of _settle_batch each.
 CREATE OR REPLACE FUNCTION fastpubsub._settle_receipts(p_request jsonb)
 RETURNS TABLE(receipt text, outcome text)
 LANGUAGE sql

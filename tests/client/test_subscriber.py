@@ -257,6 +257,29 @@ def test_an_ack_whose_answer_was_lost_counts_as_acked_not_lost(server: Server) -
         assert client.metrics("s").acked == 1
 
 
+def test_a_nack_whose_answer_was_lost_counts_as_nacked_not_lost(server: Server) -> None:
+    """The nack is sent again and the server says its lease was given back by it: nothing is lost."""
+    with Client(server.url) as client:
+        client.create_topic("t")
+        client.create_subscription("s", "t", backoff_min_seconds=60, backoff_max_seconds=60)
+        publish(client, "t", 1)
+
+    def fail(message: MessageOut) -> None:
+        raise RuntimeError("not now")
+
+    proxy = AnswerDropper(server.url, b"POST /subscriptions/s/nacks")
+    try:
+        with Client(proxy.url) as client, Subscriber(client) as subscriber:
+            consumer = subscriber.subscribe("s", fail, transport="poll")
+            wait_until(lambda: consumer.stats.nacked + consumer.stats.lost == 1, 30, "the nack")
+    finally:
+        proxy.close()
+    assert proxy.dropped == 1
+    assert (consumer.stats.nacked, consumer.stats.lost, consumer.stats.settle_errors) == (1, 0, 0)
+    with Client(server.url) as client:
+        assert (client.metrics("s").delayed, client.metrics("s").acked) == (1, 0)  # waiting for its retry
+
+
 def test_flow_control_holds_at_most_max_messages(server: Server) -> None:
     with Client(server.url) as client:
         client.create_topic("t")

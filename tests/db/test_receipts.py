@@ -151,3 +151,33 @@ def test_an_ack_of_a_lease_that_ran_out_is_not_acknowledged_by_the_next_consumer
     # Rows acked before acked_deliveries kept the lease's time (or by seek) hold none: not matched.
     queue.execute("UPDATE fastpubsub.acked_deliveries SET leased_at = NULL")
     assert receipts_call(queue, "ack_receipts", [b["receipt"]]) == [(b["receipt"], "lease not held")]
+
+
+def test_a_nack_repeated_after_it_landed_is_answered_as_it_was_and_counted_once(
+    queue: psycopg.Connection,
+) -> None:
+    # A client whose answer was lost sends the same nack again: that very nack gave the lease
+    # back (to a retry or to the DLQ), and the client should hear so, not "lease not held".
+    publish(queue, "t", [{"n": 1}, {"n": 2}, {"n": 3}])
+    first, second, third = consume_full(queue, "s", "a", 3)
+    assert receipts_call(queue, "nack_receipts", [first["receipt"]], True) == [(first["receipt"], "nacked")]
+    assert receipts_call(queue, "nack_receipts", [second["receipt"]], False) == [
+        (second["receipt"], "dead_lettered")
+    ]
+    again = {"subscription": "s", "action": "nack", "receipts": [r["receipt"] for r in (first, second, third)]}
+    (result,) = settle_batch(queue, again)
+    assert result["outcomes"] == ["nacked", "dead_lettered", "nacked"]
+    assert (result["done"], result["dead"]) == (1, 0)  # only the third is nacked now
+    status = {row["message_id"]: (row["status"], row["attempts"]) for row in deliveries(queue, "s")}
+    assert status == {first["id"]: ("scheduled", 1), second["id"]: ("dlq", 1), third["id"]: ("scheduled", 1)}
+    # Only a nack is repeated so: the nacked lease cannot be acked or extended.
+    not_held = [(first["receipt"], "lease not held")]
+    assert receipts_call(queue, "ack_receipts", [first["receipt"]]) == not_held
+    assert receipts_call(queue, "extend_lease_receipts", [first["receipt"]], 60) == not_held
+    # Once the message is leased again (no backoff here), the old receipt names no nack of it.
+    retried = {row["id"]: row for row in consume_full(queue, "s", "b", 10)}
+    assert set(retried) == {first["id"], third["id"]}
+    assert receipts_call(queue, "nack_receipts", [first["receipt"]], True) == not_held
+    assert receipts_call(queue, "ack_receipts", [retried[first["id"]]["receipt"]]) == [
+        (retried[first["id"]]["receipt"], "acknowledged")
+    ]

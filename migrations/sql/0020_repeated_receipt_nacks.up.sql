@@ -1,0 +1,11 @@
+-- A nack by receipt whose answer was lost, sent again, found the lease given
+-- back by that very nack and was answered 'lease not held': clients counted
+-- as lost a message that was nacked. _nack_rows now leaves the row's
+-- leased_at (when the nacked lease was taken) in place; the row holds no
+-- lease (lease_until NULL) and the message's next lease replaces the time.
+-- _settle_batch answers such a repeat as the nack was answered ('nacked' or
+-- 'dead_lettered'), counting it once.
+--
+-- Rows nacked before this revision hold no lease time: a repeat of those
+-- nacks is still 'lease not held'. Nothing in the tables changes; the
+-- functions are installed from the source at the head.
