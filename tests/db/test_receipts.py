@@ -164,7 +164,8 @@ def test_a_nack_repeated_after_it_landed_is_answered_as_it_was_and_counted_once(
     assert receipts_call(queue, "nack_receipts", [second["receipt"]], False) == [
         (second["receipt"], "dead_lettered")
     ]
-    again = {"subscription": "s", "action": "nack", "receipts": [r["receipt"] for r in (first, second, third)]}
+    receipts = [row["receipt"] for row in (first, second, third)]
+    again = {"subscription": "s", "action": "nack", "receipts": receipts}
     (result,) = settle_batch(queue, again)
     assert result["outcomes"] == ["nacked", "dead_lettered", "nacked"]
     assert (result["done"], result["dead"]) == (1, 0)  # only the third is nacked now
