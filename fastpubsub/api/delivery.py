@@ -107,6 +107,10 @@ def receipt_message_id(receipt: str) -> UUID | None:
         return None
 
 
+# What a receipt's settlement answers when it ended or moved the lease it names.
+SETTLED_OUTCOMES = frozenset({"acknowledged", "nacked", "dead_lettered", "extended"})
+
+
 class Delivery:
     """Publish, consume, settle and stream for one application (one server process)."""
 
@@ -360,7 +364,11 @@ class Delivery:
                 DEAD_LETTERED.labels(subscription_id).inc(dead)
             if done:
                 if "receipts" in request:
-                    settled = [m for m in map(receipt_message_id, request["receipts"]) if m is not None]
+                    # Only the leases the receipts did settle: a stale receipt of a
+                    # message a stream holds again leaves its room taken.
+                    outcomes = zip(request["receipts"], result["outcomes"], strict=True)
+                    landed = [receipt for receipt, outcome in outcomes if outcome in SETTLED_OUTCOMES]
+                    settled = [m for m in map(receipt_message_id, landed) if m is not None]
                 else:
                     settled = request["ids"]
                 if action == "extend" and request.get("seconds"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import itertools
 import json
@@ -67,6 +68,63 @@ async def test_a_full_stream_wakes_when_this_process_settles_its_message(
         assert (await api.post("/subscriptions/s/nacks", json=[second["id"]])).status_code == 204
         third = json.loads((await sse.next_event(within=5))[0])
         assert third["payload"] in ({"n": 3}, {"n": 2})
+    finally:
+        await sse.close()
+
+
+async def lease(api: httpx.AsyncClient, consumer_id: str) -> list[dict[str, object]]:
+    response = await api.get("/subscriptions/s/messages", params={"consumer_id": consumer_id})
+    return response.json()["data"]  # type: ignore[no-any-return]
+
+
+def stale(receipt: str) -> str:
+    """A receipt for the same message from an earlier lease: the same id, another lease time."""
+    raw = base64.urlsafe_b64decode(receipt)
+    return base64.urlsafe_b64encode(raw[:16] + bytes(8)).decode()
+
+
+@pytest.mark.parametrize("action", ["acks", "nacks"])
+async def test_a_full_stream_gets_room_only_for_the_receipts_that_settled(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch, action: str
+) -> None:
+    monkeypatch.setattr(delivery, "FULL_RECHECK_SECONDS", 60.0)  # only the local signal can wake it
+    await setup(api, ack_deadline_seconds=60, backoff_min_seconds=30, backoff_max_seconds=30)
+    await api.post("/topics/t/messages", json=[{"n": 1}, {"n": 2}])
+    sse = stream(api, max_in_flight=1)
+    try:
+        held = json.loads((await sse.next_event(within=5))[0])
+        (other,) = await lease(api, "other")
+        await api.post("/topics/t/messages", json=[{"n": 3}])
+        # One request settles another consumer's lease and names the stream's
+        # message with a receipt of no lease it holds: only the first lands.
+        body = {"receipts": [other["receipt"], stale(held["receipt"])]}
+        answer = (await api.post(f"/subscriptions/s/{action}", json=body)).json()
+        assert [f["reason"] for f in answer["failed"]] == ["lease not held"]
+        with pytest.raises(TimeoutError):  # the stream still holds its message: no room for n=3
+            await sse.next_event(within=1.5)
+        acked = await api.post("/subscriptions/s/acks", json={"receipts": [held["receipt"]]})
+        assert acked.json()["acknowledged"] == [held["receipt"]]
+        assert json.loads((await sse.next_event(within=5))[0])["payload"] == {"n": 3}
+    finally:
+        await sse.close()
+
+
+async def test_a_stream_keeps_the_lease_end_of_a_message_whose_extension_failed(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(delivery, "FULL_RECHECK_SECONDS", 60.0)
+    await setup(api, ack_deadline_seconds=1)
+    await api.post("/topics/t/messages", json=[{"n": 1}, {"n": 2}])
+    sse = stream(api, max_in_flight=1)
+    try:
+        held = json.loads((await sse.next_event(within=5))[0])
+        (other,) = await lease(api, "other")
+        body = {"receipts": [other["receipt"], stale(held["receipt"])], "seconds": 60}
+        answer = (await api.post("/subscriptions/s/leases", json=body)).json()
+        assert [f["reason"] for f in answer["failed"]] == ["lease not held"]
+        # Its lease still ends after 1 s, and the stream knows: the message comes again.
+        again = json.loads((await sse.next_event(within=10))[0])
+        assert (again["id"], again["delivery_attempts"]) == (held["id"], 2)
     finally:
         await sse.close()
 
