@@ -22,19 +22,41 @@ import orjson
 # Any integer orjson could round has at least 19 digits (2**63 has 19).
 _LONG_DIGITS = re.compile(rb"\d{19}")
 _LONG_DIGITS_TEXT = re.compile(r"\d{19}")
+# An escape of half a surrogate pair; a lone one, once read.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE_ESCAPE_TEXT = re.compile(r"\\u[dD][89a-fA-F]")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def loads(data: bytes | bytearray | memoryview | str) -> Any:
-    """Parse JSON, keeping integers of any size exact."""
+    """Parse JSON, keeping integers of any size exact.
+
+    Refuses (ValueError) what orjson refuses and JSON text cannot stand for:
+    a lone half of a UTF-16 surrogate pair (`"\\ud800"`, which no UTF-8 text
+    holds), and nesting too deep to read.
+    """
     pattern = _LONG_DIGITS_TEXT if isinstance(data, str) else _LONG_DIGITS
     if pattern.search(data):  # type: ignore[arg-type]  # memoryview works as a buffer
-        return json.loads(data if isinstance(data, str | bytes | bytearray) else bytes(data))
+        return _loads_exactly(data)
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
         # orjson refuses a few things the json module reads (1e400, NaN): let
         # it decide, so that callers see one behaviour.
-        return json.loads(data if isinstance(data, str | bytes | bytearray) else bytes(data))
+        return _loads_exactly(data)
+
+
+def _loads_exactly(data: bytes | bytearray | memoryview | str) -> Any:
+    """The json module's reading, with the two refusals of loads."""
+    text = data if isinstance(data, str | bytes | bytearray) else bytes(data)
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ValueError("the JSON is nested too deeply to read") from None
+    escapes = _SURROGATE_ESCAPE_TEXT if isinstance(text, str) else _SURROGATE_ESCAPE
+    if escapes.search(text) and _any_text(value, _LONE_SURROGATE.search):  # type: ignore[arg-type]
+        raise ValueError("a \\ud800-\\udfff escape must be one half of a surrogate pair")
+    return value
 
 
 def dumps(value: Any, option: int = 0) -> bytes:
@@ -59,6 +81,12 @@ def dumps_text(value: Any) -> str:
     return dumps(value).decode("utf-8")
 
 
+# What callers that refuse non_finite values say.
+FINITE_NUMBERS = (
+    "numbers must be finite: NaN, Infinity and numbers out of a double's range (1e400) are refused"
+)
+
+
 def non_finite(value: Any) -> bool:
     """Whether a parsed JSON value holds NaN or an infinity anywhere (JSON has neither)."""
     return _any_scalar(value, lambda item: isinstance(item, float) and not math.isfinite(item))
@@ -69,6 +97,21 @@ def _has_big_int(value: Any) -> bool:
         value,
         lambda item: isinstance(item, int) and not isinstance(item, bool) and not -(2**63) <= item < 2**64,
     )
+
+
+def _any_text(value: Any, test: Callable[[str], Any]) -> bool:
+    """Whether `test` holds for any string inside `value`, keys of objects included."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+        elif isinstance(item, str) and test(item):
+            return True
+    return False
 
 
 def _any_scalar(value: Any, test: Callable[[Any], bool]) -> bool:

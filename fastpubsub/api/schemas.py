@@ -60,7 +60,7 @@ MessageIds = Annotated[list[UUID], Field(min_length=1, max_length=MAX_IDS)]
 
 def _finite(value: Any) -> Any:
     if jsoncodec.non_finite(value):
-        raise ValueError("numbers must be finite: NaN and Infinity are not JSON")
+        raise ValueError(jsoncodec.FINITE_NUMBERS)
     return value
 
 
@@ -83,6 +83,7 @@ TextTime = Annotated[AwareDatetime, BeforeValidator(_text)]
 # A JSON object whose numbers are all finite (Python's JSON parser reads NaN,
 # Infinity and 1e400, which would otherwise be stored as null).
 JsonObject = Annotated[dict[str, Any], AfterValidator(_finite)]
+JsonArray = Annotated[list[Any], AfterValidator(_finite)]
 # A filter: an object whose keys are field paths or operators, never empty (the database checks the rest).
 FilterObject = Annotated[JsonObject, Field(json_schema_extra={"propertyNames": {"minLength": 1}})]
 

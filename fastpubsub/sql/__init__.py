@@ -130,9 +130,7 @@ def _call(
     connection: SyncConnection | AsyncConnection, topic_id: str, messages: list[Any], *, envelopes: bool
 ) -> list[UUID] | Awaitable[list[UUID]]:
     if jsoncodec.non_finite(messages):  # orjson would write them as null
-        raise InvalidInputError(
-            "numbers must be finite: NaN and Infinity are not JSON; nothing was published"
-        )
+        raise InvalidInputError(f"{jsoncodec.FINITE_NUMBERS}; nothing was published")
     text = jsoncodec.dumps(messages).decode()
     module = type(connection).__module__
     if module.startswith("psycopg"):

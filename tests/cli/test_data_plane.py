@@ -190,7 +190,8 @@ ERRORS = [
         ("publish", "t", '{"a": NaN}'),
         None,
         2,
-        "error: the message: payload: numbers must be finite: NaN and Infinity are not JSON\n",
+        "error: the message: payload: numbers must be finite: "
+        "NaN, Infinity and numbers out of a double's range (1e400) are refused\n",
     ),
     (
         ("publish", "t", '{"a": 1}', "-a", "k=v", "-a", "k=w"),

@@ -170,6 +170,11 @@ async def test_bad_frames_get_an_error_answer_and_the_socket_stays_open(server: 
             ('{"type": "publish", "topic": "t", "messages": [{"payload": 5}]}', 422, "payload"),
             ('{"type": "ack", "receipts": ["r"]}', 422, "name the subscription"),
             ('{"type": "unsubscribe", "subscription": "s"}', 422, "not subscribed"),
+            # Nothing a frame holds may break the socket, nor reach a message changed.
+            ("[" * 3000 + "]" * 3000, 422, "nested too deeply"),
+            ('{"type": "publish", "topic": "t", "data": {"a": "\\ud800"}}', 422, "surrogate pair"),
+            ('{"type": "publish", "topic": "t", "messages": [{"payload": {"a": 1e400}}]}', 422, "finite"),
+            ('{"type": "publish", "topic": "t", "messages": [{"payload": {"a": NaN}}]}', 422, "finite"),
         ]
         for text, status, detail in cases:
             await ws.send(text)
@@ -187,6 +192,7 @@ async def test_bad_frames_get_an_error_answer_and_the_socket_stays_open(server: 
             ({"type": "ping", "id": True}, None),
             ({"type": "ping", "id": 1.0}, None),
             ({"type": "ping", "id": [1]}, None),
+            ({"type": "ping", "id": "\ud800"}, None),  # not JSON text: the frame is not read
         ]:
             await ws.send(json.dumps(refused))
             error = await frame(ws)
@@ -194,6 +200,7 @@ async def test_bad_frames_get_an_error_answer_and_the_socket_stays_open(server: 
             assert error["id"] == request_id, (refused, error)
         await ws.send(json.dumps({"type": "ping"}))
         assert await frame(ws) == {"type": "pong"}
+    assert metrics(server)["available"] == 0  # none of them published anything
 
 
 async def test_a_dropped_sockets_messages_are_delivered_again(server: Server) -> None:
@@ -298,7 +305,8 @@ async def test_sockets_are_authenticated_like_the_rest_of_the_api(
     assert closed.value.rcvd is not None
     assert closed.value.rcvd.code == 4403
     # A first frame that is not a valid auth frame closes the socket as unauthenticated.
-    for first in ['{"type": "auth"}', '{"type": "auth", "token": ""}', '{"type": "ping"}', "[]", "no"]:
+    deep = "[" * 3000 + "]" * 3000
+    for first in ['{"type": "auth"}', '{"type": "auth", "token": ""}', '{"type": "ping"}', "[]", "no", deep]:
         async with open_socket(server, "/subscriptions/s/ws") as ws:
             await ws.send(first)
             with pytest.raises(ConnectionClosed) as closed:

@@ -51,3 +51,26 @@ def test_non_finite() -> None:
     assert not jsoncodec.non_finite({"a": [1, 2.5, {"b": None}], "c": 2**70})
     for bad in (float("nan"), float("inf"), float("-inf")):
         assert jsoncodec.non_finite({"a": [1, {"b": [bad]}]})
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"a": "\\ud800"}',
+        '{"a": ["x", "\\udfff y"]}',
+        '{"\\udc00": 1}',
+        '{"n": 12345678901234567890, "a": "\\ud800"}',  # the path for long integers too
+    ],
+)
+def test_loads_refuses_half_a_surrogate_pair(text: str) -> None:
+    with pytest.raises(ValueError, match="surrogate pair"):
+        jsoncodec.loads(text)
+    with pytest.raises(ValueError, match="surrogate pair"):
+        jsoncodec.loads(text.encode())
+
+
+def test_loads_reads_whole_surrogate_pairs_and_refuses_json_nested_too_deep() -> None:
+    assert jsoncodec.loads('{"a": "\\ud83d\\ude00", "n": 1e400}') == {"a": "\U0001f600", "n": float("inf")}
+    deep = "[" * 3000 + "]" * 3000
+    with pytest.raises(ValueError, match="nested too deeply"):
+        jsoncodec.loads(deep)

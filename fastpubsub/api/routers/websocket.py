@@ -41,6 +41,7 @@ from fastpubsub.api.errors import status_for, validation_problems, validation_te
 from fastpubsub.api.schemas import (
     MAX_CONSUMER_ID_LENGTH,
     ConsumerId,
+    JsonArray,
     JsonObject,
     ObjectId,
     Receipts,
@@ -126,7 +127,7 @@ class Publish(_Frame):
     topic: ObjectId
     data: JsonObject | None = Field(default=None, description="One payload")
     attributes: dict[str, str] | None = None
-    messages: list[Any] | None = Field(default=None, description="Envelopes, as POST /topics/{id}/publish")
+    messages: JsonArray | None = Field(default=None, description="Envelopes, as POST /topics/{id}/publish")
 
 
 Frame = Annotated[
