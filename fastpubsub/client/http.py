@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -21,11 +22,14 @@ from urllib.parse import quote
 import httpx
 
 from fastpubsub import __version__, jsoncodec
+from fastpubsub.api.schemas import ID_DESCRIPTION, ID_PATTERN
 from fastpubsub.client import errors
 
 USER_AGENT = f"fastpubsub-python/{__version__}"
 # Transport errors after which the server cannot have seen the request.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+# A route's name or an id (route names are ids too).
+_SEGMENT = re.compile(ID_PATTERN)
 
 
 @dataclass(frozen=True)
@@ -54,8 +58,16 @@ class Retry:
 
 
 def path(*parts: object) -> str:
-    """A URL path from segments, each quoted (ids never contain '/', but quoting costs nothing)."""
-    return "/" + "/".join(quote(str(part), safe="") for part in parts)
+    """A URL path from segments: names of routes and ids, each checked to be one.
+
+    An id that is not one could name another route ("" or "a/.." would
+    reach the list, or nothing): it is refused here, as the server would refuse it.
+    """
+    segments = [str(part) for part in parts]
+    for segment in segments:
+        if not _SEGMENT.match(segment):
+            raise errors.InvalidInputError(f'invalid id "{segment}": ids are {ID_DESCRIPTION}')
+    return "/" + "/".join(quote(segment, safe="") for segment in segments)
 
 
 class _Token:
@@ -187,6 +199,8 @@ class Connection:
         `stream`, the caller reads and closes the response.
         """
         if body is not None:
+            if jsoncodec.non_finite(body):  # written as null otherwise
+                raise errors.InvalidInputError(jsoncodec.FINITE_NUMBERS)
             content = jsoncodec.dumps(body)
         headers = {"Content-Type": "application/json"} if content is not None else {}
         retries = 0
@@ -216,10 +230,17 @@ class Connection:
                 else:  # sent, and not answered: it may have been carried out
                     problem = f"did not answer ({reason}): the request may have been carried out"
                 raise errors.ServerUnavailableError(f"the server at {self.http.base_url} {problem}") from exc
-            if response.status_code < 400:
+            if response.status_code < 300:
                 return response
             await response.aread()
             await response.aclose()
+            if response.status_code < 400:  # the API never redirects: the URL is not the API's
+                where = response.headers.get("Location", "elsewhere")
+                raise errors.APIError(
+                    f"the server at {self.http.base_url} answered {method} {request.url.path} "
+                    f"with {response.status_code}, to {where}: check the server URL",
+                    status=response.status_code,
+                )
             if (
                 response.status_code == 401
                 and token is not None

@@ -174,6 +174,7 @@ def test_dead_letters(invoke: Invoke) -> None:
     assert json.loads(ok(invoke("subscriptions", "metrics", "s", "--json")))["available"] == 3
 
 
+NOT_FINITE = "error: numbers must be finite"
 ERRORS = [
     (("topics", "get", "missing"), None, 3, 'error: topic "missing" not found'),
     (("topics", "create", "t"), None, 4, 'error: topic "t" already exists'),
@@ -208,6 +209,16 @@ ERRORS = [
     (("subscriptions", "seek", "s", "yesterday"), None, 2, 'error: "yesterday" is not an ISO 8601 time'),
     (("dlq", "reprocess", "s"), None, 2, "error: give message ids or --all"),
     (("dlq", "reprocess", "s", "not-a-uuid"), None, 2, "error: message ids are UUIDs"),
+    # An id that is not one never reaches the server (where "" and "t/" were redirects
+    # that a delete took for success, deleting nothing).
+    (("topics", "delete", ""), None, 2, 'error: invalid id "": ids are 1-128'),
+    (("topics", "delete", "t/"), None, 2, 'error: invalid id "t/": ids are 1-128'),
+    (("topics", "get", "a/../t"), None, 2, 'error: invalid id "a/../t": ids are 1-128'),
+    (("subscriptions", "delete", ""), None, 2, 'error: invalid id "": ids are 1-128'),
+    (("publish", "", "{}"), None, 2, 'error: invalid id "": ids are 1-128'),
+    # JSON has no NaN: a filter holding one was stored with null in its place.
+    (("subscriptions", "create", "s", "--topic", "t", "--filter", '{"a": [NaN]}'), None, 2, NOT_FINITE),
+    (("subscriptions", "create", "s", "--topic", "t", "--filter", '{"a": 1e999}'), None, 2, NOT_FINITE),
 ]
 
 
@@ -219,6 +230,8 @@ def test_errors_are_one_line_with_the_documented_exit_code(invoke: Invoke) -> No
         assert result.stderr.count("\n") == 1, (args, result.stderr)
         assert result.stderr.startswith(message), (args, result.stderr)
         assert "Traceback" not in result.output
+    assert json.loads(ok(invoke("topics", "list", "--json")))[0]["id"] == "t"  # nothing was deleted
+    assert json.loads(ok(invoke("subscriptions", "list", "--json"))) == []  # nor created
 
 
 def test_a_bad_stdin_line_stops_after_publishing_what_came_before(invoke: Invoke) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ from fastpubsub import exceptions
 from fastpubsub.client import (
     UNSET,
     AlreadyExistsError,
+    APIError,
     AsyncClient,
     Client,
     InvalidInputError,
@@ -123,6 +125,49 @@ def test_errors_are_fastpubsub_errors_with_the_servers_detail(server: Server) ->
             client.publish("t", {"n": 1}, priority=10)  # checked before anything is sent
         with pytest.raises(TypeError, match="JSON object"):
             client.publish("t", ["not", "an", "object"])
+
+
+@pytest.mark.parametrize("bad_id", ["", "t/", "a/../t", "..", " t", "x" * 129])
+def test_an_id_that_is_not_one_is_refused_before_anything_is_sent(server: Server, bad_id: str) -> None:
+    # "" and "t/" would reach /topics/ and /topics/t/, which the server redirects: a delete
+    # took the empty redirect for a success and deleted nothing.
+    with Client(server.url) as client:
+        client.create_topic("t")
+        client.create_subscription("s", "t")
+        for call in (
+            lambda: client.delete_topic(bad_id),
+            lambda: client.get_topic(bad_id),
+            lambda: client.delete_subscription(bad_id),
+            lambda: client.update_subscription(bad_id, ack_deadline_seconds=5),
+            lambda: client.publish(bad_id, {"n": 1}),
+        ):
+            with pytest.raises(InvalidInputError, match=f'invalid id "{re.escape(bad_id)}": ids are 1-128'):
+                call()
+        assert [t.id for t in client.list_topics()] == ["t"]
+        assert [s.id for s in client.list_subscriptions()] == ["s"]
+        assert client.topic_stats("t").messages_retained == 0
+
+
+async def test_a_redirect_is_an_error_not_an_answer(server: Server) -> None:
+    async with AsyncClient(server.url) as client:
+        await client.create_topic("t")
+        redirected = r"answered DELETE /topics/t/ with 307, .* check the server URL"
+        with pytest.raises(APIError, match=redirected) as got:
+            await client.connection.send("DELETE", "/topics/t/", idempotent=False)
+        assert got.value.status == 307
+        assert [t.id for t in await client.list_topics()] == ["t"]
+
+
+@pytest.mark.parametrize("number", [float("nan"), float("inf"), float("-inf")])
+def test_a_filter_with_a_number_json_lacks_is_refused_not_sent_as_null(server: Server, number: float) -> None:
+    with Client(server.url) as client:
+        client.create_topic("t")
+        with pytest.raises(InvalidInputError, match="numbers must be finite"):
+            client.create_subscription("s", "t", filter={"n": [number]})
+        client.create_subscription("s", "t", filter={"n": [1]})
+        with pytest.raises(InvalidInputError, match="numbers must be finite"):
+            client.update_subscription("s", filter={"n": {"$gt": number}})
+        assert client.get_subscription("s").filter == {"n": [1]}
 
 
 def test_an_unreachable_server_is_a_server_unavailable_error() -> None:
