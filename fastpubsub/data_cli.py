@@ -774,17 +774,31 @@ def tail(
     as_json: Json = False,
 ) -> None:
     """Stream messages as they come, print and ack each, until Ctrl+C."""
+    import asyncio
+
     from fastpubsub.client import AsyncSubscriber
 
-    def show(message: MessageOut) -> None:
-        if as_json:
-            typer.echo(_dump(_jsonable(message)))
-        else:
-            created = message.created_at.isoformat(timespec="milliseconds")
-            typer.echo(f"{created}  {message.id}  {_dump(message.payload)}")
+    reader_left = False
 
     async def work(client: AsyncClient) -> int:
         subscriber = AsyncSubscriber(client)
+
+        async def show(message: MessageOut) -> None:
+            nonlocal reader_left
+            try:
+                if as_json:
+                    typer.echo(_dump(_jsonable(message)))
+                else:
+                    created = message.created_at.isoformat(timespec="milliseconds")
+                    typer.echo(f"{created}  {message.id}  {_dump(message.payload)}")
+            except BrokenPipeError:
+                # Our reader left (`| head`): stop, and give this message back
+                # unsettled (closing cancels this callback), not nacked.
+                reader_left = True
+                stopping.append(asyncio.get_running_loop().create_task(subscriber.aclose(0)))
+                await asyncio.Event().wait()
+
+        stopping: list[asyncio.Task[None]] = []
         consumer = await subscriber.subscribe(
             subscription_id, show, max_messages=max_in_flight, concurrency=1, shutdown_timeout=5
         )
@@ -793,6 +807,8 @@ def tail(
         return consumer.stats.acked
 
     acked = _call(url, work)
+    if reader_left:
+        raise BrokenPipeError  # main() ends quietly, as for any command whose reader left
     typer.echo(f"stopped; {_count(acked, 'message')} acked", err=True)
 
 

@@ -462,6 +462,51 @@ def test_tail_streams_until_ctrl_c(server: Server, tmp_path: Path) -> None:
     assert stderr == "stopped; 5 messages acked\n"
 
 
+@pytest.mark.slow
+def test_tail_whose_reader_leaves_stops_quietly_and_settles_nothing_it_did_not_print(
+    server: Server, tmp_path: Path
+) -> None:
+    # `fastpubsub tail s | head -1`: every message after the reader left failed to print;
+    # each was nacked with a traceback, until the whole backlog was in the DLQ.
+    env = {
+        **base_env("unused"),
+        "FASTPUBSUB_API_URL": server.url,
+        "FASTPUBSUB_EMBEDDED_DATA_DIR": str(tmp_path),
+    }
+    from fastpubsub.client import Client
+    from fastpubsub.client.aio import envelope
+
+    with Client(server.url) as client:
+        client.create_topic("t")
+        client.create_subscription(
+            "s", "t", max_delivery_attempts=2, backoff_min_seconds=0, backoff_max_seconds=0
+        )
+        client.publish_batch("t", [envelope({"n": n, "text": "x" * 1000}) for n in range(200)])
+        tail = subprocess.Popen(
+            [FASTPUBSUB, "tail", "s"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        assert tail.stdout is not None
+        try:
+            assert b'"n":0' in tail.stdout.readline()
+            tail.stdout.close()
+            code = tail.wait(30)
+        finally:
+            tail.kill()
+        assert tail.stderr is not None
+        with tail.stderr:
+            errors = tail.stderr.read().decode()
+        assert code == 1, errors
+        assert "Traceback" not in errors, errors
+        assert errors == "streaming s; Ctrl+C stops\n"
+        metrics = client.metrics("s")
+        # What it wrote before the pipe broke is acked (as `head` would have had it); the
+        # rest, printed or not, is deliverable again: nothing nacked, nothing dead-lettered.
+        assert metrics.dlq == 0
+        assert metrics.acked >= 1
+        assert metrics.acked + metrics.available == 200
+        assert metrics.delivered == 0
+
+
 def test_version() -> None:
     from fastpubsub import __version__
 
