@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
+from uuid import UUID
 
 import httpx
 
@@ -28,6 +29,8 @@ from fastpubsub.client import errors
 USER_AGENT = f"fastpubsub-python/{__version__}"
 # Transport errors after which the server cannot have seen the request.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+# What RFC 6750 allows a bearer token to be (b64token).
+_BEARER_TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
 # A route's name or an id (route names are ids too).
 _SEGMENT = re.compile(ID_PATTERN)
 
@@ -96,6 +99,19 @@ class Credentials:
             raise ValueError("client_id and client_secret go together")
         if refresh_margin is not None and refresh_margin < 0:
             raise ValueError("refresh_margin must not be negative")
+        if token is not None and not _BEARER_TOKEN.fullmatch(token):
+            # Never echoed: it is a secret, and httpx would put it in its error.
+            raise ValueError(
+                "the token has a character a bearer token cannot hold (a space or a line break "
+                "copied with it?): only letters, digits, -._~+/ and = at its end"
+            )
+        if client_id is not None:
+            try:
+                UUID(client_id)
+            except ValueError:
+                raise ValueError(
+                    f'client_id "{client_id}" is not a UUID (create-client prints one)'
+                ) from None
         self.static = token
         self.client_id = client_id
         self.client_secret = client_secret

@@ -427,6 +427,27 @@ def test_credentials_come_from_the_environment(
     half = run("topics", "list", api_client_id=client_id)
     assert half.exit_code == 6
     assert "client_id and client_secret go together" in half.stderr
+    # A token pasted with a space or a line break, or with a character no token has, is a
+    # setting to fix, said before anything is sent and without showing the token (httpx's
+    # error, shown before, held it whole).
+    listed = json.loads(
+        ok(run("topics", "list", "--json", api_client_id=client_id, api_client_secret=secret))
+    )
+    assert [topic["id"] for topic in listed] == ["t"]
+    from fastpubsub.client import Client
+
+    with Client(secured.url, client_id=client_id, client_secret=secret) as client:
+        good = client.access_token()
+    for bad in (good + " ", good + "\nx", "tökén"):
+        refused = run("topics", "list", api_token=bad)
+        assert refused.exit_code == 6, refused.output
+        assert refused.stderr.startswith("error: FASTPUBSUB_API_TOKEN")
+        assert "a bearer token cannot hold" in refused.stderr
+        assert good[:20] not in refused.stderr
+        assert refused.stderr.count("\n") == 1
+    not_uuid = run("topics", "list", api_client_id="nope", api_client_secret=secret)
+    assert not_uuid.exit_code == 6, not_uuid.output
+    assert 'client_id "nope" is not a UUID' in not_uuid.stderr
 
 
 @pytest.mark.slow
