@@ -179,6 +179,8 @@ def run(coro_factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
         return asyncio.run(coro_factory())
     except (typer.Exit, typer.Abort):
         raise
+    except BrokenPipeError:
+        raise  # our reader left (`| head`): main() ends quietly (drivers wrap their own sockets' errors)
     except Exception as exc:
         if _state["verbose"]:
             traceback.print_exc()

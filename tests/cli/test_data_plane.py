@@ -537,7 +537,9 @@ def test_version() -> None:
     assert sys.modules["fastpubsub"].__version__ == __version__
 
 
-def test_a_reader_that_stops_early_ends_the_command_quietly(invoke: Invoke, server: Server) -> None:
+def test_a_reader_that_stops_early_ends_the_command_quietly(
+    invoke: Invoke, server: Server, tmp_path: Path
+) -> None:
     ok(invoke("topics", "create", "t"))
     ok(invoke("subscriptions", "create", "s", "--topic", "t"))
     lines = "".join(json.dumps({"n": i, "text": "x" * 2000}) + "\n" for i in range(100))
@@ -560,3 +562,20 @@ def test_a_reader_that_stops_early_ends_the_command_quietly(invoke: Invoke, serv
         errors = pull.stderr.read().decode()
     assert "Traceback" not in errors, errors  # no noise about it
     assert "pipe" not in errors.lower(), errors
+    # `... | fastpubsub publish t | head -1`: the ids printed as batches land; it was
+    # "database unreachable: [Errno 32] Broken pipe", exit 5 (retrying would help).
+    source = tmp_path / "lines"
+    source.write_text(
+        "".join(f'{{"n": {n}}}\n' for n in range(3000))
+    )  # ~110 kB of ids: more than a pipe holds
+    with source.open("rb") as stdin:
+        publish = subprocess.Popen(
+            [FASTPUBSUB, "publish", "t"], env=env, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+    assert publish.stdout is not None
+    assert publish.stderr is not None
+    assert len(publish.stdout.readline()) == 37
+    publish.stdout.close()
+    assert publish.wait(60) == 1
+    with publish.stderr:
+        assert publish.stderr.read() == b""
