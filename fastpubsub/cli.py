@@ -635,8 +635,18 @@ def db_migrate(
     from fastpubsub.db.errors import first_line
 
     url = _database_url(_settings())
+    if not revision.strip():
+        raise fail("--revision is empty: name a revision, or head", EXIT_CODES[InvalidInputError])
+    script = migrate.script_directory()
     try:
+        target = script.get_revision(revision)
+    except CommandError as exc:
+        raise fail(f"migration failed: {first_line(str(exc))}", EXIT_CODES[InvalidInputError]) from None
+    try:
+        _refuse_going_back(url, script, target.revision if target is not None else None)
         migrate.upgrade(url, revision)
+    except typer.Exit:
+        raise
     except CommandError as exc:
         # A revision alembic cannot place: the one asked for (a usage error), or,
         # going to the head, the database's own (made by a newer release).
@@ -652,6 +662,27 @@ def db_migrate(
         message, code = describe_error(exc)
         raise fail(f"migration failed: {message}", code) from None
     typer.echo(f"database is at revision {migrate.current_revision(url)}")
+
+
+def _refuse_going_back(url: str, script: Any, target: str | None) -> None:
+    """Exit 2 when the database is past `target` (None: base): db-migrate only upgrades."""
+    from alembic.script.revision import RevisionError
+    from alembic.util import CommandError
+
+    from fastpubsub import migrate
+
+    current = migrate.current_revision(url)
+    if current is None or current == target:
+        return
+    try:
+        earlier = {r.revision for r in script.iterate_revisions(current, "base")}
+    except (CommandError, RevisionError):
+        return  # a revision of a newer release: upgrade says so
+    if target is None or target in earlier:
+        raise fail(
+            f"the database is at revision {current}, past {target or 'base'}: db-migrate only upgrades",
+            EXIT_CODES[InvalidInputError],
+        )
 
 
 @app.command("push-worker")

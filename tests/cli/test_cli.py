@@ -94,6 +94,37 @@ def test_db_migrate_to_an_unknown_revision_is_a_usage_error(invoke: Invoke) -> N
     assert "Traceback" not in result.output
 
 
+def test_db_migrate_refuses_an_empty_revision_or_one_before_the_databases_and_changes_nothing(
+    invoke: Invoke, database_url: str
+) -> None:
+    def schema() -> tuple[bool, str | None]:
+        with psycopg.connect(libpq_url(database_url), autocommit=True) as conn:
+            found = conn.execute("SELECT to_regclass('fastpubsub.alembic_version') IS NOT NULL").fetchone()
+            if not found or not found[0]:
+                exists = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = 'fastpubsub'").fetchone()
+                return exists is not None, None
+            (version,) = conn.execute("SELECT version_num FROM fastpubsub.alembic_version").fetchone()
+            return True, version
+
+    before = schema()
+    for revision, message in [("", "--revision is empty"), ("bogus", "bogus")]:
+        result = invoke("db-migrate", "--revision", revision)
+        assert result.exit_code == 2, result.output
+        assert result.stderr.count("\n") == 1, result.stderr
+        assert message in result.stderr, result.stderr
+        assert schema() == before  # a refused target leaves the database as it was
+    assert invoke("db-migrate").exit_code == 0
+    head = schema()
+    for revision in ("0003_hot_helpers", "base"):
+        result = invoke("db-migrate", "--revision", revision)
+        assert result.exit_code == 2, result.output
+        assert result.stderr == (
+            f"error: the database is at revision {head[1]}, past {revision}: db-migrate only upgrades\n"
+        )
+    assert schema() == head
+    assert invoke("db-migrate", "--revision", str(head[1])).exit_code == 0  # where it is: nothing to do
+
+
 def test_db_migrate_to_the_head_from_a_revision_it_does_not_know_is_a_configuration_error(
     invoke: Invoke, database_url: str
 ) -> None:
