@@ -101,8 +101,8 @@ def _client(url: str | None) -> AsyncClient:
     from fastpubsub.client import AsyncClient, Retry
 
     settings = cli._settings()
-    target = url or settings.api_url
-    if not target:
+    target = url if url is not None else settings.api_url  # --url "" is a URL to refuse, not none
+    if target is None:
         running = dev.find(settings.embedded_data_dir)
         if running is None:
             raise cli.fail(
@@ -114,7 +114,7 @@ def _client(url: str | None) -> AsyncClient:
         target = running.api_url
         _check_server_url(target, "the dev server's URL (in its dev.json)")
     else:
-        _check_server_url(target, "--url" if url else "FASTPUBSUB_API_URL")
+        _check_server_url(target, "--url" if url is not None else "FASTPUBSUB_API_URL")
     try:
         return AsyncClient(
             target,
@@ -594,6 +594,8 @@ def publish(
         attributes[name] = value
     if message == "-" and idempotency_key is not None:
         raise _invalid("--idempotency-key goes with a single message, not stdin")
+    if message == "-" and sys.stdin is None:
+        raise _invalid("no message: give one, or lines on stdin (which is closed)")
     options: PublishOptions = {
         "priority": priority,
         "attributes": attributes or None,

@@ -209,6 +209,12 @@ ERRORS = [
     (("subscriptions", "seek", "s", "yesterday"), None, 2, 'error: "yesterday" is not an ISO 8601 time'),
     (("dlq", "reprocess", "s"), None, 2, "error: give message ids or --all"),
     (("dlq", "reprocess", "s", "not-a-uuid"), None, 2, "error: message ids are UUIDs"),
+    (
+        ("topics", "list", "--url", ""),
+        None,
+        2,
+        'error: --url "" is not a server URL',
+    ),  # not "use the default"
     # An id that is not one never reaches the server (where "" and "t/" were redirects
     # that a delete took for success, deleting nothing).
     (("topics", "delete", ""), None, 2, 'error: invalid id "": ids are 1-128'),
@@ -294,6 +300,20 @@ def test_a_stdin_line_that_is_not_utf8_stops_the_publish_in_one_line(invoke: Inv
     assert result.exit_code == 2, result.output
     assert result.stderr == "error: line 3 is not UTF-8 text; the 2 messages before it were published\n"
     assert len(result.stdout.splitlines()) == 2
+
+
+def test_publish_with_stdin_closed_says_so_in_one_line(server: Server) -> None:
+    env = {**os.environ, "FASTPUBSUB_EMBEDDED_DATA_DIR": "/nonexistent", "FASTPUBSUB_API_URL": server.url}
+    result = subprocess.run(
+        [FASTPUBSUB, "publish", "t"],  # `fastpubsub publish t <&-`
+        env=env,
+        capture_output=True,
+        text=True,
+        preexec_fn=lambda: os.close(0),
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == "error: no message: give one, or lines on stdin (which is closed)\n"
 
 
 def test_a_full_subscription_stops_a_stdin_publish_in_one_line(invoke: Invoke) -> None:
