@@ -268,3 +268,28 @@ async def test_a_wait_that_is_not_a_finite_number_is_422_saying_so(
         )
         assert response.status_code == 422
         assert response.json()["detail"][0]["msg"] == "Input should be a finite number", response.json()
+
+
+# -- a settlement's body: only the errors of the form it takes ------------------------------------
+SETTLEMENT_BODIES = [
+    ({"receipts": ["x" * 32, ""]}, [(["body", "receipts", "receipts", 1], "string_too_short")]),
+    ({"receipts": []}, [(["body", "receipts", "receipts"], "too_short")]),
+    ({"receipts": ["r"], "extra": 1}, [(["body", "receipts", "extra"], "extra_forbidden")]),
+    (["not-a-uuid"], [(["body", "ids", 0], "uuid_parsing")]),
+    ("0190b5a0-0000-7000-8000-000000000001", [(["body"], "settlement_body")]),
+    (None, [(["body"], "settlement_body")]),
+]
+
+
+@pytest.mark.parametrize("action", ["acks", "nacks"])
+@pytest.mark.parametrize(("body", "problems"), SETTLEMENT_BODIES)
+async def test_a_settlement_body_gets_the_errors_of_its_own_form(
+    make_api: ClientFactory, action: str, body: object, problems: list[tuple[list[object], str]]
+) -> None:
+    # An object of receipts was also told "Input should be a valid list", the other form's error.
+    fast, routed = await fast_and_routed(make_api)
+    await setup(fast)
+    for api in (fast, routed):
+        response = await api.post(f"/subscriptions/s/{action}", content=json.dumps(body), headers=JSON_TYPE)
+        refused(response)
+        assert [(p["loc"], p["type"]) for p in response.json()["detail"]] == problems

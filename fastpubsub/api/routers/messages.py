@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Query, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from fastpubsub.api import delivery
 from fastpubsub.api.deps import DeliveryDep, PrincipalDep
 from fastpubsub.api.errors import error_responses
-from fastpubsub.api.params import IdList, SubscriptionId
+from fastpubsub.api.params import Settlement, SubscriptionId
 from fastpubsub.api.schemas import (
     DEFAULT_BATCH_SIZE,
     MAX_BATCH_SIZE,
@@ -94,7 +94,7 @@ _BY_ID_OR_RECEIPT = (
 )
 async def ack_messages(
     subscription_id: SubscriptionId,
-    body: Annotated[IdList | ReceiptList, Body(description="Message ids, or {receipts}")],
+    body: Settlement,
     deliveries: DeliveryDep,
     principal: PrincipalDep,
 ) -> Response:
@@ -124,7 +124,7 @@ async def ack_messages(
 )
 async def nack_messages(
     subscription_id: SubscriptionId,
-    body: Annotated[IdList | ReceiptList, Body(description="Message ids, or {receipts}")],
+    body: Settlement,
     deliveries: DeliveryDep,
     principal: PrincipalDep,
     requeue: Annotated[
