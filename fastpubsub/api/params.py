@@ -20,7 +20,6 @@ IdList = Annotated[
 ]
 
 
-
 def _settled_by(body: Any) -> str | None:
     """Which form a settlement's body takes: an array of ids, or an object of receipts."""
     if isinstance(body, list):

@@ -32,6 +32,10 @@ END
 $$;
 
 -- Make dead-lettered messages deliverable again with a fresh attempt count.
+-- They join the backlog: past the subscription's max_backlog, its
+-- backlog_policy applies as to a publish (drop_oldest makes room, reject
+-- refuses with FP429 and nothing is reprocessed). Holds the subscription's
+-- backlog lock (as _make_room does) while it counts.
 CREATE OR REPLACE FUNCTION fastpubsub.reprocess_dlq(p_subscription_id text, p_ids uuid[])
 RETURNS integer
 LANGUAGE plpgsql
@@ -39,8 +43,14 @@ AS $$
 DECLARE
     s fastpubsub.subscriptions := fastpubsub._subscription(p_subscription_id);
     n integer;
+    v_backlog bigint;
+    v_excess bigint;
+    v_dropped bigint := 0;
 BEGIN
     PERFORM fastpubsub._settle_exhausted(s);
+    IF s.max_backlog IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(1718645603, s.key);
+    END IF;
     PERFORM pg_current_xact_id();  -- before drawing queue numbers (see _advance_watermark)
     UPDATE fastpubsub.deliveries AS d
     SET status = 'available', seq = nextval('fastpubsub.delivery_seq'), attempts = 0, visible_at = now(),
@@ -48,7 +58,21 @@ BEGIN
     WHERE d.subscription_key = s.key AND d.message_id = ANY (p_ids) AND d.status = 'dlq';
     GET DIAGNOSTICS n = ROW_COUNT;
     IF n > 0 AND s.max_backlog IS NOT NULL THEN
-        PERFORM fastpubsub._count(s.key, n, 0, 0);
+        SELECT coalesce(max(c.backlog), 0) INTO v_backlog
+        FROM fastpubsub.subscription_counts AS c WHERE c.subscription_key = s.key;
+        v_excess := v_backlog + n - s.max_backlog;
+        IF v_excess > 0 AND s.backlog_policy = 'drop_oldest' THEN
+            v_dropped := fastpubsub._drop_oldest(s, v_excess);
+        END IF;
+        IF v_excess > v_dropped THEN
+            RAISE EXCEPTION 'subscription "%" is full: % messages in its backlog, max_backlog %, % more reprocessed%; '
+                            'nothing was reprocessed', s.id, v_backlog, s.max_backlog, n,
+                            CASE WHEN s.backlog_policy = 'drop_oldest'
+                                 THEN format(', and only %s could be dropped (leased ones never are)', v_dropped)
+                                 ELSE '' END
+                USING ERRCODE = 'FP429', DETAIL = s.id;
+        END IF;
+        PERFORM fastpubsub._count(s.key, n - v_dropped, 0, v_dropped);
     END IF;
     IF n > 0 THEN
         PERFORM fastpubsub._notify(ARRAY[s.id], ARRAY[n]);

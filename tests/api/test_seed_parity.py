@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import psycopg
+import pytest
 
 from fastpubsub.api.batching import GroupCommit
 
@@ -356,6 +357,34 @@ async def test_drop_oldest_makes_room_dropping_the_oldest_waiting_messages(api: 
     assert (await api.post("/topics/t/messages", json=[{"n": 10}])).status_code == 204
     metrics = (await api.get("/subscriptions/s/metrics")).json()
     assert (metrics["dropped"], metrics["available"]) == (1, 1)
+
+
+@pytest.mark.parametrize("policy", ["reject", "drop_oldest"])
+async def test_reprocessed_dead_letters_join_the_backlog_within_its_limit(
+    api: httpx.AsyncClient, policy: str
+) -> None:
+    # Reprocessing went past max_backlog without a word: 4 available with a limit of 2.
+    await topic_and_subscription(api, max_backlog=2, backlog_policy=policy)
+    await api.post("/topics/t/messages", json=[{"n": 1}, {"n": 2}])
+    dead = [m["id"] for m in await consume(api, batch_size=2)]
+    assert (await api.post("/subscriptions/s/nacks?requeue=false", json=dead)).status_code == 204
+    await api.post("/topics/t/messages", json=[{"n": 3}, {"n": 4}])  # the backlog is full again
+    reprocess = await api.post("/subscriptions/s/dlq/reprocess", json=dead)
+    metrics = (await api.get("/subscriptions/s/metrics")).json()
+    waiting = [m["payload"]["n"] for m in (await api.get("/subscriptions/s/peek")).json()["data"]]
+    if policy == "reject":
+        assert reprocess.status_code == 429
+        assert reprocess.json()["detail"] == (
+            'subscription "s" is full: 2 messages in its backlog, max_backlog 2, 2 more reprocessed; '
+            "nothing was reprocessed"
+        )
+        assert (metrics["available"], metrics["dlq"], waiting) == (2, 2, [3, 4])
+    else:  # the oldest waiting ones make room, as for a publish
+        assert reprocess.status_code == 204
+        assert (metrics["available"], metrics["dlq"], metrics["dropped"], waiting) == (2, 0, 2, [1, 2])
+    assert (await api.post("/topics/t/messages", json=[{"n": 5}])).status_code == (
+        429 if policy == "reject" else 204
+    )
 
 
 async def test_topic_retention_is_honoured_by_cleanup(

@@ -13,6 +13,7 @@ from fastpubsub.api.errors import error_responses
 from fastpubsub.api.params import IdList, Limit, Offset, SubscriptionId
 from fastpubsub.api.schemas import (
     MAX_PEEK,
+    ErrorBody,
     MessageOut,
     MetricsOut,
     Page,
@@ -281,7 +282,17 @@ async def list_dlq(
     "/{subscription_id}/dlq/reprocess",
     status_code=204,
     summary="Make dead-lettered messages deliverable again (attempts reset)",
-    responses=error_responses(401, 403, 404, 422),
+    description="The body is a JSON array of message ids; ids that are not dead letters of the "
+    "subscription are left as they are. The messages join the backlog: past `max_backlog`, the "
+    "subscription's `backlog_policy` applies as to a publish (429 when it refuses; nothing is reprocessed).",
+    responses={
+        **error_responses(401, 403, 404, 422),
+        429: {
+            "model": ErrorBody,
+            "description": "The subscription is full (max_backlog, backlog_policy reject, or too few "
+            "waiting messages to drop): nothing was reprocessed",
+        },
+    },
 )
 async def reprocess_dlq(
     subscription_id: SubscriptionId, ids: IdList, database: DatabaseDep, principal: PrincipalDep

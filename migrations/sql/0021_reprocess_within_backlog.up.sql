@@ -1,0 +1,7 @@
+-- Reprocessing dead letters added them to a subscription's backlog without
+-- looking at its max_backlog: a full subscription went past its limit, and
+-- publishes were refused until it drained. reprocess_dlq now applies the
+-- subscription's backlog_policy as a publish does (drop_oldest makes room,
+-- reject refuses with FP429 and reprocesses nothing), under the backlog lock
+-- publishes take. Nothing in the tables changes; the functions are installed
+-- from the source at the head.
