@@ -727,9 +727,9 @@ def _answer_lost(exc: BaseException) -> bool:
     """Whether a request's fate is unknown: no answer came, or a proxy answered for the server."""
     from fastpubsub.client.errors import APIError
 
-    return isinstance(exc, ServerUnavailableError) or (
-        isinstance(exc, APIError) and exc.status in (500, 502, 504)
-    )
+    if isinstance(exc, ServerUnavailableError):
+        return getattr(exc, "sent", True)  # one never sent was not published
+    return isinstance(exc, APIError) and exc.status in (500, 502, 504)
 
 
 def _lines(numbers: list[int]) -> str:

@@ -77,7 +77,14 @@ class DatabaseUnavailableError(APIError, exceptions.DatabaseUnavailableError):
 
 
 class ServerUnavailableError(exceptions.ServerUnavailableError):
-    """The server cannot be reached, or did not answer a request (which it may have carried out)."""
+    """The server cannot be reached, or did not answer a request (which it may have carried out).
+
+    `sent`: whether the request went out (False: the server cannot have carried it out).
+    """
+
+    def __init__(self, message: str | None = None, *, sent: bool = True) -> None:
+        super().__init__(message)
+        self.sent = sent
 
 
 _BY_STATUS: dict[int, type[APIError]] = {

@@ -245,7 +245,9 @@ class Connection:
                     problem = f"cannot be reached ({reason})"
                 else:  # sent, and not answered: it may have been carried out
                     problem = f"did not answer ({reason}): the request may have been carried out"
-                raise errors.ServerUnavailableError(f"the server at {self.http.base_url} {problem}") from exc
+                raise errors.ServerUnavailableError(
+                    f"the server at {self.http.base_url} {problem}", sent=not isinstance(exc, _NOT_SENT)
+                ) from exc
             if response.status_code < 300:
                 return response
             await response.aread()

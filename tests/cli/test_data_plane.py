@@ -370,6 +370,13 @@ def test_an_unreachable_server_exits_5(invoke: Invoke) -> None:
     assert result.exit_code == 5
     assert result.stderr.startswith("error: the server at http://127.0.0.1:")
     assert "cannot be reached" in result.stderr
+    # From stdin: lines never sent are not published, and the line says so (it said both
+    # "cannot be reached" and "not confirmed (published or not)").
+    lines = invoke("publish", "t", stdin='{"n": 1}\n{"n": 2}\n', api_url=f"http://127.0.0.1:{free_port()}")
+    assert lines.exit_code == 5
+    assert "cannot be reached" in lines.stderr
+    assert "not confirmed" not in lines.stderr
+    assert "not published: lines 1-2" in lines.stderr, lines.stderr
 
 
 def test_without_a_server_the_commands_say_how_to_start_one(
