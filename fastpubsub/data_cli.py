@@ -11,6 +11,7 @@ imported by each command, so that `fastpubsub --help` stays quick.
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -808,10 +809,33 @@ def tail(
         await subscriber.run()
         return consumer.stats.acked
 
-    acked = _call(url, work)
+    sdk_log = logging.getLogger("fastpubsub.client")
+    said = _SayOnce()
+    sdk_log.addHandler(said)
+    sdk_log.propagate = False
+    try:
+        acked = _call(url, work)
+    finally:
+        sdk_log.removeHandler(said)
+        sdk_log.propagate = True
     if reader_left:
         raise BrokenPipeError  # main() ends quietly, as for any command whose reader left
     typer.echo(f"stopped; {_count(acked, 'message')} acked", err=True)
+
+
+class _SayOnce(logging.Handler):
+    """The SDK's warnings as `warning: ...` lines, a repeat of the last one left out; its errors
+    not at all (the command's own error line says what stopped it)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.last: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if record.levelno < logging.ERROR and text != self.last:
+            self.last = text
+            typer.echo(f"warning: {text}", err=True)
 
 
 # -- dead letters ----------------------------------------------------------------------------------

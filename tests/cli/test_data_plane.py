@@ -555,6 +555,33 @@ def test_tail_whose_reader_leaves_stops_quietly_and_settles_nothing_it_did_not_p
         assert metrics.delivered == 0
 
 
+@pytest.mark.slow
+def test_tail_of_a_subscription_deleted_meanwhile_ends_in_one_line(server: Server, tmp_path: Path) -> None:
+    env = {**base_env("unused"), "FASTPUBSUB_API_URL": server.url}
+    env["FASTPUBSUB_EMBEDDED_DATA_DIR"] = str(tmp_path)
+    from fastpubsub.client import Client
+
+    with Client(server.url) as client:
+        client.create_topic("t")
+        client.create_subscription("s", "t")
+        tail = subprocess.Popen(
+            [FASTPUBSUB, "tail", "s"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        assert tail.stderr is not None
+        try:
+            assert tail.stderr.readline() == "streaming s; Ctrl+C stops\n"
+            client.delete_subscription("s")
+            stdout, stderr = tail.communicate(timeout=60)
+        finally:
+            tail.kill()
+    assert tail.returncode == 3, stderr
+    # One warning while the SDK tries again, then the error (the SDK's log printed each try
+    # and what stopped it, before the error line).
+    gone = 'subscription "s" not found'
+    retried = f"receiving from s failed (the server ended the stream: {gone}); trying again"
+    assert (stdout, stderr) == ("", f"warning: {retried}\nerror: {gone}\n")
+
+
 def test_version() -> None:
     from fastpubsub import __version__
 
