@@ -810,6 +810,7 @@ def create_client(
 
     settings = _settings()
     active = _parse_bool(is_active)
+    _check_client_name(name)
 
     async def work() -> tuple[UUID, str]:
         parsed = auth.parse_scopes(scopes)
@@ -857,6 +858,8 @@ def update_client(
     from fastpubsub import auth
 
     key = _parse_client_id(client_id)
+    if name is not None:
+        _check_client_name(name)
     if name is None and scopes is None and active is None:
         raise fail(
             "nothing to change: give --name, --scopes, --active or --inactive", EXIT_CODES[InvalidInputError]
@@ -878,6 +881,13 @@ def update_client(
         f"updated client {client.id}: name={client.name} active={str(client.is_active).lower()} "
         f"scopes={client.scopes} token_version={client.token_version}"
     )
+
+
+def _check_client_name(name: str) -> None:
+    from fastpubsub.api.schemas import client_name_problem
+
+    if (problem := client_name_problem(name)) is not None:
+        raise fail(problem, EXIT_CODES[InvalidInputError])
 
 
 @app.command("delete-client")

@@ -6,6 +6,7 @@ nothing of the server: pydantic and fastpubsub.jsoncodec only.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
 from uuid import UUID
@@ -570,8 +571,28 @@ class MetricsOut(BaseModel):
 
 
 # -- clients and tokens -------------------------------------------------------
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def client_name_problem(name: str) -> str | None:
+    """What is wrong with a client's name (a line of text people read in tables), or None."""
+    if not 1 <= len(name) <= 200:
+        return "name must be 1-200 characters"
+    if _CONTROL.search(name) or not name.strip():
+        return (
+            "name must be one line of text: no line breaks, tabs or other control characters, not only spaces"
+        )
+    return None
+
+
+def _client_name(value: Any) -> Any:
+    if isinstance(value, str) and (problem := client_name_problem(value)) is not None:
+        raise PydanticCustomError("client_name", problem)
+    return value
+
+
 class _ClientFields(Body):
-    name: Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=NO_NUL_PATTERN)]
+    name: Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_client_name)]
     scopes: str = Field(
         max_length=MAX_SCOPES_LENGTH,
         pattern=SCOPES_PATTERN,

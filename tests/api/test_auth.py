@@ -379,6 +379,29 @@ async def test_client_scopes_are_validated_naming_the_scope_at_fault(
     assert updated.json()["detail"] == [{"loc": ["body", "scopes"], "msg": problem, "type": "scopes"}]
 
 
+ONE_LINE = "name must be one line of text: no line breaks, tabs or other control characters, not only spaces"
+
+
+@pytest.mark.parametrize("name", ["line1\nline2", "a\tb", "   ", "bell\x07", "del\x7f"])
+async def test_a_client_name_is_one_line_of_text(
+    secured: httpx.AsyncClient, bearer: Bearer, name: str
+) -> None:
+    # Names with line breaks or tabs were taken, and broke every table that lists clients.
+    admin = await bearer("*")
+
+    async def create(name: str) -> httpx.Response:
+        return await secured.post("/clients", json={"name": name, "scopes": "topics:read"}, headers=admin)
+
+    created = await create(name)
+    assert created.status_code == 422
+    assert created.json()["detail"] == [{"loc": ["body", "name"], "msg": ONE_LINE, "type": "client_name"}]
+    client = (await create("ok")).json()
+    updated = await secured.put(f"/clients/{client['id']}", json={"name": name, "scopes": "x"}, headers=admin)
+    assert updated.status_code == 422
+    assert (await secured.get(f"/clients/{client['id']}", headers=admin)).json()["name"] == "ok"
+    assert (await create(" Ünïcode app ")).status_code == 201
+
+
 async def test_client_crud(secured: httpx.AsyncClient, bearer: Bearer) -> None:
     admin = await bearer("*")
     created = (

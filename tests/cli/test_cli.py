@@ -389,6 +389,21 @@ def test_update_client_with_nothing_to_change_is_refused(invoke: Invoke) -> None
     assert row[3] == "1", listed.stdout  # the version is what it was: its tokens still hold
 
 
+@pytest.mark.parametrize("name", ["line1\nline2", "a\tb", "   "])
+def test_a_client_name_is_one_line_of_text(invoke: Invoke, name: str) -> None:
+    result = invoke("create-client", name, "topics:read")
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (
+        "error: name must be one line of text: no line breaks, tabs or other control characters, "
+        "not only spaces\n"
+    )
+    client_id, _ = client_ids(invoke("create-client", "app", "topics:read").output)
+    result = invoke("update-client", client_id, "--name", name)
+    assert result.exit_code == 2, result.output
+    assert "one line of text" in result.stderr
+    assert [line.split()[1] for line in invoke("list-clients").stdout.splitlines()[1:]] == ["app"]
+
+
 def test_invalid_settings_are_named_by_their_variables_in_one_line(invoke: Invoke) -> None:
     result = invoke(
         "list-clients",
