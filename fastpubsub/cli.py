@@ -830,7 +830,7 @@ def create_client(
 
 @app.command("list-clients")
 def list_clients(
-    offset: Annotated[int, typer.Option(min=0)] = 0,
+    offset: Annotated[int, typer.Option(min=0, max=10_000_000)] = 0,
     limit: Annotated[int, typer.Option(min=1, max=1000)] = 100,
 ) -> None:
     """List API clients as a table."""
