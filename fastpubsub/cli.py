@@ -270,12 +270,34 @@ def _variables() -> list[tuple[str, str, str]]:
 
 def _settings() -> Settings:
     _warn_of_unknown_variables()
+    env_file = str(Settings.model_config.get("env_file") or ".env")
+    said = logging.getLogger("dotenv.main")  # a line of the file it cannot parse: said with the file's name
+    heard = _EnvFileWarnings(env_file)
+    said.addHandler(heard)
+    was_propagating, said.propagate = said.propagate, False
     try:
         return get_settings()
     except ValidationError as exc:
         raise fail(f"invalid configuration: {describe_invalid(exc)}", 6) from None
+    except UnicodeDecodeError as exc:
+        problem = f"{env_file} is not UTF-8 text ({exc.reason} at byte {exc.start})"
+        raise fail(f"invalid configuration: {problem}", 6) from None
     except ValueError as exc:
         raise fail(f"invalid configuration: {exc}".replace("\n", " "), 6) from None
+    finally:
+        said.removeHandler(heard)
+        said.propagate = was_propagating
+
+
+class _EnvFileWarnings(logging.Handler):
+    """What the `.env` reader says of a line it skips, as a warning naming the file."""
+
+    def __init__(self, env_file: str) -> None:
+        super().__init__(logging.WARNING)
+        self.env_file = env_file
+
+    def emit(self, record: logging.LogRecord) -> None:
+        typer.echo(f"warning: {self.env_file}: {record.getMessage()} (the line is ignored)", err=True)
 
 
 def _database_url(settings: Settings) -> str:

@@ -378,6 +378,29 @@ def test_a_dotenv_variable_that_names_no_setting_is_ignored_with_a_warning(
     )
 
 
+def test_a_dotenv_file_that_cannot_be_read_is_named(
+    invoke: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A line the reader skips was said without naming the file; a file that is not UTF-8 too.
+    from fastpubsub import cli
+
+    cli._WARNED.clear()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".env").write_text('FASTPUBSUB_CLEANUP_BATCH_SIZE=10\nFASTPUBSUB_LOG_LEVEL="unterminated\n')
+    result = invoke("list-clients")
+    assert result.exit_code == 0, result.output
+    assert result.stderr == (
+        "warning: .env: python-dotenv could not parse statement starting at line 2 (the line is ignored)\n"
+    )
+    (tmp_path / ".env").write_bytes(b"FASTPUBSUB_CLEANUP_BATCH_SIZE=10\n\xff\n")
+    result = invoke("list-clients")
+    assert result.exit_code == 6, result.output
+    assert (
+        result.stderr
+        == "error: invalid configuration: .env is not UTF-8 text (invalid start byte at byte 33)\n"
+    )
+
+
 def test_update_client_with_nothing_to_change_is_refused(invoke: Invoke) -> None:
     created = invoke("create-client", "app", "topics:read", "true")
     client_id, _ = client_ids(created.output)
