@@ -54,7 +54,7 @@ def _loads_exactly(data: bytes | bytearray | memoryview | str) -> Any:
     except RecursionError:
         raise ValueError("the JSON is nested too deeply to read") from None
     escapes = _SURROGATE_ESCAPE_TEXT if isinstance(text, str) else _SURROGATE_ESCAPE
-    if escapes.search(text) and _any_text(value, _LONE_SURROGATE.search):  # type: ignore[arg-type]
+    if escapes.search(text) and _any_scalar(value, _lone_surrogate, keys=True):  # type: ignore[arg-type]
         raise ValueError("a \\ud800-\\udfff escape must be one half of a surrogate pair")
     return value
 
@@ -92,6 +92,10 @@ def non_finite(value: Any) -> bool:
     return _any_scalar(value, lambda item: isinstance(item, float) and not math.isfinite(item))
 
 
+def _lone_surrogate(item: Any) -> bool:
+    return isinstance(item, str) and _LONE_SURROGATE.search(item) is not None
+
+
 def _has_big_int(value: Any) -> bool:
     return _any_scalar(
         value,
@@ -99,27 +103,15 @@ def _has_big_int(value: Any) -> bool:
     )
 
 
-def _any_text(value: Any, test: Callable[[str], Any]) -> bool:
-    """Whether `test` holds for any string inside `value`, keys of objects included."""
+def _any_scalar(value: Any, test: Callable[[Any], bool], *, keys: bool = False) -> bool:
+    """Whether `test` holds for any value inside `value` that is not an object or a list
+    (with `keys`, for any key of an object too)."""
     stack = [value]
     while stack:
         item = stack.pop()
         if isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
-        elif isinstance(item, str) and test(item):
-            return True
-    return False
-
-
-def _any_scalar(value: Any, test: Callable[[Any], bool]) -> bool:
-    """Whether `test` holds for any value inside `value` that is not an object or a list."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
+            if keys:
+                stack.extend(item.keys())
             stack.extend(item.values())
         elif isinstance(item, list | tuple):
             stack.extend(item)
