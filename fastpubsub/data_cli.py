@@ -56,8 +56,7 @@ RetryPolicyOption = Annotated[
     ),
 ]
 Jitter = Annotated[
-    float | None,
-    typer.Option("--retry-jitter", min=0, max=1, help="Take up to this fraction off each wait"),
+    float | None, typer.Option("--retry-jitter", min=0, max=1, help="Take up to this fraction off each wait")
 ]
 Ttl = Annotated[
     int | None,
@@ -569,15 +568,13 @@ def publish(
     ] = None,
     priority: Annotated[int, typer.Option(min=0, max=9, help="0-9, higher first")] = 0,
     delay: Annotated[
-        float | None,
-        typer.Option(min=0, max=31_536_000, help="Deliver no sooner than this many seconds"),
+        float | None, typer.Option(min=0, max=31_536_000, help="Deliver no sooner than this many seconds")
     ] = None,
     idempotency_key: Annotated[
         str | None, typer.Option(help="A repeat returns the original id (one message only)")
     ] = None,
     ttl: Annotated[
-        float | None,
-        typer.Option(min=0.001, help="Never delivered once this many seconds old"),
+        float | None, typer.Option(min=0.001, help="Never delivered once this many seconds old")
     ] = None,
     url: Url = None,
     as_json: Json = False,
@@ -752,8 +749,7 @@ def pull(
     subscription_id: SubscriptionArg,
     max_messages: Annotated[int, typer.Option("--max", min=1, max=100, help="Messages at most")] = 10,
     wait: Annotated[
-        float,
-        typer.Option(min=0, max=30, help="Wait up to this many seconds for a message"),
+        float, typer.Option(min=0, max=30, help="Wait up to this many seconds for a message")
     ] = 0,
     ack: Annotated[bool, typer.Option("--ack", help="Ack what was pulled")] = False,
     url: Url = None,
