@@ -670,14 +670,9 @@ def db_migrate(
     except typer.Exit:
         raise
     except CommandError as exc:
-        # A revision alembic cannot place: the one asked for (a usage error), or,
-        # going to the head, the database's own (made by a newer release).
-        try:  # the target is known: the revision alembic cannot place is the database's
-            migrate.script_directory().get_revision(revision)
-            code = EXIT_CODES[ConfigurationError]
-        except CommandError:
-            code = EXIT_CODES[InvalidInputError]
-        raise fail(f"migration failed: {first_line(str(exc))}", code) from None
+        # The target is known (above): the revision alembic cannot place is the
+        # database's own, made by a newer release.
+        raise fail(f"migration failed: {first_line(str(exc))}", EXIT_CODES[ConfigurationError]) from None
     except Exception as exc:
         if _state["verbose"]:
             traceback.print_exc()

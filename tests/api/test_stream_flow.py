@@ -77,6 +77,17 @@ async def lease(api: httpx.AsyncClient, consumer_id: str) -> list[dict[str, obje
     return response.json()["data"]  # type: ignore[no-any-return]
 
 
+async def settle_with_a_stale_receipt(
+    api: httpx.AsyncClient, path: str, held: dict[str, str], **more: int
+) -> None:
+    """One request settles another consumer's lease and names the stream's held message
+    with a receipt of no lease it holds (an earlier one's): only the first lands."""
+    (other,) = await lease(api, "other")
+    body = {"receipts": [other["receipt"], stale(held["receipt"])], **more}
+    answer = (await api.post(path, json=body)).json()
+    assert [f["reason"] for f in answer["failed"]] == ["lease not held"]
+
+
 def stale(receipt: str) -> str:
     """A receipt for the same message from an earlier lease: the same id, another lease time."""
     raw = base64.urlsafe_b64decode(receipt)
@@ -93,13 +104,8 @@ async def test_a_full_stream_gets_room_only_for_the_receipts_that_settled(
     sse = stream(api, max_in_flight=1)
     try:
         held = json.loads((await sse.next_event(within=5))[0])
-        (other,) = await lease(api, "other")
+        await settle_with_a_stale_receipt(api, f"/subscriptions/s/{action}", held)
         await api.post("/topics/t/messages", json=[{"n": 3}])
-        # One request settles another consumer's lease and names the stream's
-        # message with a receipt of no lease it holds: only the first lands.
-        body = {"receipts": [other["receipt"], stale(held["receipt"])]}
-        answer = (await api.post(f"/subscriptions/s/{action}", json=body)).json()
-        assert [f["reason"] for f in answer["failed"]] == ["lease not held"]
         with pytest.raises(TimeoutError):  # the stream still holds its message: no room for n=3
             await sse.next_event(within=1.5)
         acked = await api.post("/subscriptions/s/acks", json={"receipts": [held["receipt"]]})
@@ -118,10 +124,7 @@ async def test_a_stream_keeps_the_lease_end_of_a_message_whose_extension_failed(
     sse = stream(api, max_in_flight=1)
     try:
         held = json.loads((await sse.next_event(within=5))[0])
-        (other,) = await lease(api, "other")
-        body = {"receipts": [other["receipt"], stale(held["receipt"])], "seconds": 60}
-        answer = (await api.post("/subscriptions/s/leases", json=body)).json()
-        assert [f["reason"] for f in answer["failed"]] == ["lease not held"]
+        await settle_with_a_stale_receipt(api, "/subscriptions/s/leases", held, seconds=60)
         # Its lease still ends after 1 s, and the stream knows: the message comes again.
         again = json.loads((await sse.next_event(within=10))[0])
         assert (again["id"], again["delivery_attempts"]) == (held["id"], 2)
