@@ -49,6 +49,7 @@ LANDED = {
     "0018_archive_retention_and_order": "b599209279a8d9154e4068b14ed32e90007baa5c622af34b6a8b79192d113843",
     "0019_repeated_receipt_acks": "2681a6740f0c422ec25a7da065690bae92ee80051b1002a8e87bd1cc6dc4516e",
     "0020_repeated_receipt_nacks": "d4452b626bcdf4cb7ee7bf90f15c29a47edc048561278fec3e01b38e7e1dfa67",
+    "0021_reprocess_within_backlog": "e532bc5bf620722eb7d29bc0e2e546547453e3f0e18f2ff90c1b2665d3978ead",
 }
 
 CATALOG_QUERIES = {
