@@ -197,13 +197,24 @@ class Delivery:
             # The lease takes the oldest deliverable messages first: only those of
             # this publish need no wake-up (older ones had theirs).
             new = {message_id for ids, _, _ in results for message_id in ids}
-            for (subscription_id, _), (events, due) in zip(reserved, handed, strict=False):
+            # Those the publish fed deliverable messages: their hand-offs leased, as a look would.
+            fed = {s for _, woken, counts in results for s, count in zip(woken, counts, strict=True) if count}
+            for (subscription_id, waiter), (events, due), (_, _, size) in zip(
+                reserved, handed, handoffs, strict=False
+            ):
                 mine = sum(1 for message_id, _ in events if message_id in new)
                 if mine:
                     taken[subscription_id] = mine
-                # It took all there was and waits for news: what falls due next (a
-                # delayed message of this publish, say) wakes it, as after a look.
-                self.hub.note_due(subscription_id, due)
+                if events:
+                    self.hub.note_leased(subscription_id)  # for the waiter, which answers with them
+                if subscription_id in fed and len(events) < size:
+                    # It took all there was: what falls due next (a delayed message
+                    # of this publish, say) wakes a waiter, as after a look, and
+                    # until news comes nobody here need look. (A hand-off that
+                    # failed took none of the publish's messages: their news, below,
+                    # ends that state at once.)
+                    self.hub.found_nothing(subscription_id, waiter.handoff_mark)
+                    self.hub.note_due(subscription_id, due)
         for (topic_id, _, _), (_, woken, counts) in zip(requests, results, strict=False):
             if woken:
                 self._learn_routes(topic_id, woken)
@@ -287,9 +298,13 @@ class Delivery:
         """Lease messages; with nothing to lease, wait (up to wait_seconds) until the hub says to look.
 
         The waiter is registered before the first look, so news that lands in
-        between still wakes it. When the wait ends it looks once more before
-        answering empty; once the client has gone (watched through `receive`) or
-        the server is stopping, it answers at once and leases nothing more.
+        between still wakes it. When the last look here took all there was and
+        no news has come since (hub.known_empty: a consumer polling in a loop,
+        back for more right after its answer), it waits for news before its
+        first look instead, as a stream does. When the wait ends it looks once
+        more before answering empty; once the client has gone (watched through
+        `receive`) or the server is stopping, it answers at once and leases
+        nothing more.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_seconds
@@ -298,24 +313,32 @@ class Delivery:
             hub.waiter(subscription_id, batch_size, consumer=consumer_id) as waiter,
             _client_watch(receive, waiter.event) as gone,
         ):
+            look = not hub.known_empty(subscription_id)
             while True:
                 if gone.is_set() or hub.stopping.is_set():
                     return 0, "[]"  # left without looking: what it was owed goes on (hub.waiter)
-                waiter.looking()
-                leased, data, due = await self.consumes.submit((subscription_id, consumer_id, batch_size))
-                if leased:
-                    hub.note_leased(subscription_id)
+                if look:
+                    waiter.looking()
+                    mark = hub.news_mark(subscription_id)
+                    leased, data, due = await self.consumes.submit((subscription_id, consumer_id, batch_size))
+                    if leased:
+                        hub.note_leased(subscription_id)
                     if leased >= batch_size:
                         hub.pass_on(subscription_id, waiter)  # there may be more
-                    return leased, data
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    return 0, data
-                hub.note_due(subscription_id, due)
+                    else:  # it took all there was: without news, the next look would find nothing
+                        hub.found_nothing(subscription_id, mark)
+                        hub.note_due(subscription_id, due)
+                    if leased:
+                        return leased, data
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        return 0, data
+                else:
+                    remaining = deadline - loop.time()
+                look = True
                 await park(waiter, remaining)
                 # Once its client has gone it leaves: hub.waiter gives up what was handed.
                 if not gone.is_set() and (events := await take_handoff(waiter)):
-                    hub.note_leased(subscription_id)
                     return len(events), "[" + ",".join(data for _, data in events) + "]"
                 # Whatever ended the wait (news, a due time, the deadline, the
                 # client leaving), look again: the last look comes after the deadline.
@@ -564,7 +587,9 @@ class Delivery:
                     # Once its client has gone it ends: hub.waiter gives up what was handed.
                     if not (gone is not None and gone.is_set()) and (events := await take_handoff(waiter)):
                         handed_all = len(events) < min(waiter.demand, MAX_BATCH_SIZE)
-                        self._took(subscription_id, events, held, loop.time() + window.lease_seconds)
+                        self._took(
+                            subscription_id, events, held, loop.time() + window.lease_seconds, handed=True
+                        )
                         yield events
                         written = loop.time()
                         quiet_until = quiet_end(written, idle_seconds)
@@ -582,10 +607,17 @@ class Delivery:
                 window.waiter = None
 
     def _took(
-        self, subscription_id: str, events: list[tuple[UUID, str]], held: dict[UUID, float], ends: float
+        self,
+        subscription_id: str,
+        events: list[tuple[UUID, str]],
+        held: dict[UUID, float],
+        ends: float,
+        *,
+        handed: bool = False,
     ) -> None:
-        """A stream leased `events` (itself, or a publish for it), held until `ends` (loop time)."""
-        self.hub.note_leased(subscription_id)
+        """A stream leased `events` (itself, or a publish for it: `handed`), held until `ends` (loop time)."""
+        if not handed:  # the publish noted its hand-off itself (Delivery._publish_batch)
+            self.hub.note_leased(subscription_id)
         CONSUMED.labels(subscription_id).inc(len(events))
         for message_id, _ in events:
             held[message_id] = ends

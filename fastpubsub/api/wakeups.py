@@ -189,8 +189,8 @@ class _Queue:
         self.floor = DUE_SLACK_SECONDS
         self.streams = 0
         # Counts every wake-up (news that messages may be deliverable). A look
-        # that leased nothing records the count it started at in `empty_at`;
-        # while no news has come since, a stream need not look (known_empty).
+        # that took all there was records the count it started at in `empty_at`;
+        # while no news has come since, nobody here need look (known_empty).
         self.news = 0
         self.empty_at = -1
         self.empty_until = 0.0  # loop time
@@ -383,9 +383,8 @@ class WakeHub:
             # Its interest never lapsed: declared while it was idle too, and the
             # others told it of every commit meanwhile (a consumer long-polling
             # in a loop leaves and comes back; it is not news to anyone). Its due
-            # timer went when it fell idle: the first look here must not be skipped.
+            # timer ran on meanwhile: what it knows (known_empty) still holds.
             queue.idle_since = None
-            queue.empty_at = -1
         return queue
 
     def _declare(self, subscription_id: str) -> None:
@@ -393,11 +392,12 @@ class WakeHub:
         self._start_sending()
 
     def _idle_if_unused(self, subscription_id: str, queue: _Queue) -> None:
-        """The last waiter or stream left: keep the queue, idle, for INTEREST_SECONDS (see _prune_idle)."""
+        """The last waiter or stream left: keep the queue, idle, for INTEREST_SECONDS (see _prune_idle).
+
+        Its due timer runs on: when it falls due, that is news (known_empty
+        ends) for the waiter that comes next.
+        """
         if not queue.waiters and not queue.streams and self._queues.get(subscription_id) is queue:
-            if queue.due_handle is not None:
-                queue.due_handle.cancel()
-                queue.due_handle = None
             queue.idle_since = asyncio.get_running_loop().time()
 
     def _prune_idle(self, now: float) -> None:
@@ -407,7 +407,9 @@ class WakeHub:
             for s, q in self._queues.items()
             if q.idle_since is not None and now - q.idle_since >= INTEREST_SECONDS
         ]:
-            del self._queues[subscription_id]
+            queue = self._queues.pop(subscription_id)
+            if queue.due_handle is not None:
+                queue.due_handle.cancel()
 
     def wake(self, subscription_id: str, count: int | None) -> int:
         """Messages may be deliverable: wake waiters, in order, until their demand covers `count`.
@@ -533,22 +535,29 @@ class WakeHub:
         queue = self._queues.get(subscription_id)
         return queue is not None and asyncio.get_running_loop().time() - queue.looked_at < KNOWN_EMPTY_SECONDS
 
+    def news_mark(self, subscription_id: str) -> int:
+        """The news count of `subscription_id` now: a look about to begin passes it to `found_nothing`."""
+        queue = self._queues.get(subscription_id)
+        return -1 if queue is None else queue.news
+
     def found_nothing(self, subscription_id: str, mark: int) -> None:
-        """The look that began at `mark` leased nothing: without news since, nothing is deliverable here."""
+        """The look that began at `mark` took all there was (nothing, or fewer than it asked for):
+        without news since, nothing more is deliverable here."""
         queue = self._queues.get(subscription_id)
         if queue is not None and queue.news == mark:
             queue.empty_at = mark
             queue.empty_until = asyncio.get_running_loop().time() + KNOWN_EMPTY_SECONDS
 
     def known_empty(self, subscription_id: str) -> bool:
-        """A look that began after the last news leased nothing: looking again would find nothing either.
+        """A look that began after the last news took all there was: looking again would find nothing.
 
         Its snapshot saw every commit made before that news arrived, and any
         commit since then brings news of its own (after its commit, in this
         process or by notification; a due time brings its timer), which wakes
         a waiter and ends this state. Thousands of streams on one subscription
         then cost one look per news, not one per stream: when they open, when
-        their keep-alives fall due, when a settlement makes room. The state
+        their keep-alives fall due, when a settlement makes room; a consumer
+        long-polling in a loop waits for news before it looks again. The state
         lasts KNOWN_EMPTY_SECONDS at most, in case some news never arrives.
         """
         queue = self._queues.get(subscription_id)

@@ -361,8 +361,9 @@ class Database:
         """Several consumes in one transaction: (subscription, consumer, batch size) each.
 
         For each, in order: how many it leased, them as the API's JSON array
-        (text), and next_due when it leased none (seconds until a retry,
-        delayed message or lease end may change that; None: nothing pending).
+        (text), and next_due when it leased fewer than its batch size, all
+        there was (seconds until a retry, delayed message or lease end, its
+        own leases' included, may change that; None: nothing pending).
         All are committed, or none is.
         """
         rows = await self._rows(

@@ -287,10 +287,12 @@ $$;
 
 -- Several consumes in one transaction (group commit): request i leases up to
 -- p_sizes[i] messages of p_subscriptions[i] to p_consumers[i]; one row per
--- request, in order: how many it leased, them as the API's JSON array, and
--- (when it leased none) next_due. The requests for one subscription share
--- one _lease, earlier requests first. Either all are committed or none is: a
--- caller that gets an error retries the requests one at a time.
+-- request, in order: how many it leased, them as the API's JSON array, and,
+-- when it leased fewer than it asked for (all there was), next_due as of
+-- after its leases (their lease ends included). The requests for one
+-- subscription share one _lease, earlier requests first. Either all are
+-- committed or none is: a caller that gets an error retries the requests one
+-- at a time.
 CREATE OR REPLACE FUNCTION fastpubsub._consume_batch(
     p_subscriptions text[], p_consumers text[], p_sizes integer[])
 RETURNS TABLE(leased integer, data text, due double precision)
@@ -327,10 +329,12 @@ BEGIN
             v_leased[g.members[r.slot]] := r.leased;
             v_data[g.members[r.slot]] := r.data;
         END LOOP;
-        IF EXISTS (SELECT 1 FROM unnest(g.members) AS m(member) WHERE v_leased[m.member] = 0) THEN
+        -- A statement of its own: next_due sees the leases just taken.
+        IF EXISTS (SELECT 1 FROM unnest(g.members, g.sizes) AS m(member, size) WHERE v_leased[m.member] < m.size) THEN
             v_next_due := fastpubsub.next_due(g.subscription);
-            FOREACH v_member IN ARRAY g.members LOOP
-                IF v_leased[v_member] = 0 THEN
+            FOR k IN 1 .. cardinality(g.members) LOOP
+                v_member := g.members[k];
+                IF v_leased[v_member] < g.sizes[k] THEN
                     v_due[v_member] := v_next_due;
                 END IF;
             END LOOP;

@@ -198,9 +198,9 @@ ORDER BY 4
 -- Leasing, rendered as the API's JSON array by PostgreSQL itself (the hottest
 -- answer of the API then costs Python one string), for several requests in
 -- one transaction (group commit): one row per request, in order. When a
--- request leased nothing, `due` says how many seconds until a retry, delayed
--- message or lease end may change that (NULL: nothing pending), so a
--- long-poll look is one round trip.
+-- request leased fewer than it asked for (all there was), `due` says how many
+-- seconds until a retry, delayed message or lease end may change that (NULL:
+-- nothing pending), so a long-poll look is one round trip.
 SELECT leased, data, due
 FROM fastpubsub._consume_batch(
     CAST(:subscriptions AS text[]), CAST(:consumers AS text[]), CAST(:sizes AS integer[]))

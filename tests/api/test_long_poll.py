@@ -168,3 +168,66 @@ async def test_a_waiting_consumer_does_not_spin(
     elapsed, data = await long_poll(api, 2.5)
     assert data == []
     assert len(ran) <= 40, f"{len(ran)} queries in {elapsed:.1f} s"
+
+
+async def _take_all_there_was(api: httpx.AsyncClient, payload: dict) -> None:
+    """Publish one message and long-poll it with room for more: the look takes all there was.
+
+    A first empty poll (and its interest's extra looks) comes before, so that
+    no other news follows the look.
+    """
+    assert (await long_poll(api, 0.1))[1] == []
+    await asyncio.sleep(0.7)  # NEW_INTEREST_LOOKS are over
+    assert (await api.post("/topics/t/messages", json=[payload])).status_code == 204
+    assert [m["payload"] for m in (await long_poll(api, 10))[1]] == [payload]
+
+
+async def test_a_consumer_polling_in_a_loop_waits_for_news_before_it_looks_again(
+    api: httpx.AsyncClient, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The poll after one that took all there was looks only once there is news, from anywhere."""
+    await setup(api)
+    await asyncio.wait_for(api.app.state.hub.listener.connected.wait(), 5)  # type: ignore[attr-defined]
+    await _take_all_there_was(api, {"n": 1})
+    ran = count_queries(api, monkeypatch)
+    waiting = asyncio.create_task(long_poll(api, 10))
+    await asyncio.sleep(0.5)
+    assert not waiting.done()
+    assert "consume_batch" not in ran  # parked without a look
+    # Published in an application's own session: only its notification can wake the poll.
+    with psycopg.connect(libpq_url(database_url), autocommit=True) as app:
+        app.execute("""SELECT fastpubsub.publish('t', '[{"n": 2}]')""")
+    elapsed, data = await waiting
+    assert [m["payload"] for m in data] == [{"n": 2}]
+    assert elapsed < 3
+    assert ran.count("consume_batch") == 1
+
+
+async def test_a_lease_that_runs_out_reaches_a_poll_that_did_not_look_again(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The look that took all there was also said when its own lease ends: the next poll wakes then."""
+    await setup(api, ack_deadline_seconds=1)
+    await _take_all_there_was(api, {"n": 1})  # and not acked
+    ran = count_queries(api, monkeypatch)
+    elapsed, data = await long_poll(api, 10)
+    assert [(m["payload"], m["delivery_attempts"]) for m in data] == [({"n": 1}, 2)]
+    assert 0.5 < elapsed < 3  # when the lease ran out, long before the wait ended
+    assert ran.count("consume_batch") == 1  # the look at the lease's end, none before it
+
+
+async def test_a_poll_after_a_hand_off_of_all_there_was_waits_for_the_next_publish(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A publish that leased a parked poll everything it fed: the consumer's next poll needs no look."""
+    await setup(api)
+    await _take_all_there_was(api, {"n": 0})
+    ran = count_queries(api, monkeypatch)
+    for n in (1, 2, 3):
+        waiting = asyncio.create_task(long_poll(api, 10))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()
+        assert (await api.post("/topics/t/messages", json=[{"n": n}])).status_code == 204
+        assert [m["payload"] for m in (await waiting)[1]] == [{"n": n}]
+    assert ran.count("publish_handoff") == 3
+    assert "consume_batch" not in ran  # each poll was handed its message; none looked

@@ -175,18 +175,30 @@ def test_urls_are_normalised() -> None:
 
 
 async def test_a_long_poll_look_is_one_round_trip(db: Database) -> None:
-    """consume_batch leases and, when it leased nothing, says in the same round trip when to look again."""
+    """consume_batch leases and, having taken all there was, says in that round trip when to look again."""
     await db.create_topic("t")
     await db.create_subscription("s", "t", ack_deadline_seconds=30)
     assert await db.consume_batch([("s", "w", 10)]) == [(0, "[]", None)]  # nothing pending at all
-    await db.publish("t", [{"n": 1}])
+    await db.publish("t", [{"n": 1}, {"n": 2}, {"n": 3}])
+    # A full batch: there may be more, nothing is said of due times.
+    ((leased, data, due),) = await db.consume_batch([("s", "w", 2)])
+    assert (leased, due) == (2, None)
+    assert [message["payload"] for message in json.loads(data)] == [{"n": 1}, {"n": 2}]
+    # Fewer than asked for (all there was): when its own leases run out, seen after taking them.
     ((leased, data, due),) = await db.consume_batch([("s", "w", 10)])
-    assert (leased, due) == (1, None)
-    assert [message["payload"] for message in json.loads(data)] == [{"n": 1}]
+    assert [message["payload"] for message in json.loads(data)] == [{"n": 3}]
+    assert due is not None
+    assert 29 < due <= 30
     ((leased, data, due),) = await db.consume_batch([("s", "w", 10)])
     assert (leased, data) == (0, "[]")
     assert due is not None
-    assert 29 < due <= 30  # when the lease just taken runs out
+    assert 29 < due <= 30  # when the leases just taken run out
+    # Two requests of one group: the first takes all there was, the second nothing; both are told.
+    await db.publish("t", [{"n": 4}])
+    (first, second) = await db.consume_batch([("s", "a", 5), ("s", "b", 5)])
+    assert (first[0], second[0]) == (1, 0)
+    assert first[2] is not None
+    assert second[2] == first[2]
 
 
 async def test_a_stream_look_that_took_all_there_was_sees_its_own_leases_in_next_due(db: Database) -> None:
