@@ -42,7 +42,9 @@ class Settings(BaseSettings):
         default=None,
         description="PostgreSQL URL; empty means an embedded PostgreSQL (dev and `make run` only)",
     )
-    database_echo: bool = Field(default=False, description="Log every SQL statement")
+    database_echo: bool = Field(
+        default=False, description="Log every SQL statement the server and push-worker send"
+    )
     database_pool_size: int = Field(default=5, ge=1, le=200, description="Connections kept per process")
     database_max_overflow: int = Field(default=10, ge=0, le=500, description="Extra connections under load")
     database_pool_pre_ping: bool = Field(

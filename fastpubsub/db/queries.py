@@ -8,6 +8,7 @@ errors become fastpubsub exceptions here (db/errors.py) and nowhere else.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
@@ -42,6 +43,11 @@ from fastpubsub.models import (
     TopicSubscriptionMetrics,
 )
 from fastpubsub.sql.source import driver_queries
+
+log = logging.getLogger(__name__)
+
+# What FASTPUBSUB_DATABASE_ECHO shows of a statement's parameters, at most.
+ECHO_PARAMS_CHARS = 500
 
 # jsonb values arrive through orjson (several times faster than the json
 # module), except integers beyond 64 bits, which orjson would round.
@@ -118,6 +124,8 @@ class Database:
         """`notify=False`: the stored functions send no NOTIFY from these sessions (fastpubsub.notify
         = off); the caller wakes consumers itself (the server does, see api/wakeups.py)."""
         self.url = sync_url(url)
+        # The named queries go to psycopg directly (_rows), past SQLAlchemy's echo: logged here.
+        self.echo = echo
         options = f"-c TimeZone=UTC -c statement_timeout={statement_timeout_ms}"
         if not notify:
             options += " -c fastpubsub.notify=off"
@@ -160,11 +168,17 @@ class Database:
         psycopg underneath, which costs a fraction of SQLAlchemy's execution
         layer on the hot paths (and these are single statements with no ORM).
         """
+        statement = driver_queries()[query]
+        if self.echo:
+            shown = repr(params)
+            if len(shown) > ECHO_PARAMS_CHARS:
+                shown = shown[:ECHO_PARAMS_CHARS] + f"... ({len(shown)} characters)"
+            log.info("%s: %s %s", query, " ".join(statement.split()), shown)
         try:
             held = await self._connections.acquire()
             try:
                 cursor = held.driver.cursor(row_factory=namedtuple_row)
-                await cursor.execute(driver_queries()[query], params)
+                await cursor.execute(statement, params)
                 return await cursor.fetchall() if cursor.description else []
             finally:
                 await self._connections.release(held)

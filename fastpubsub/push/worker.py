@@ -239,6 +239,8 @@ class PushWorker:
             settings.database_url or "",
             pool_size=settings.database_pool_size,
             max_overflow=settings.database_max_overflow,
+            pool_pre_ping=settings.database_pool_pre_ping,
+            echo=settings.database_echo,
             statement_timeout_ms=settings.database_statement_timeout_ms,
             application_name="fastpubsub-push",
             notify=False,  # wake-ups go through the hub, as in the server

@@ -242,3 +242,15 @@ async def test_the_policy_judges_address_literals_without_resolving(url: str, re
             await policy.check(url)
     else:
         await policy.check(url)  # judged, never connected to
+
+
+async def test_the_database_settings_apply_to_the_worker_as_to_the_server(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """FASTPUBSUB_DATABASE_ECHO logs the worker's statements; POOL_PRE_PING tests its connections."""
+    caplog.set_level(logging.INFO, logger="fastpubsub.db.queries")
+    async with working(database_url, database_echo=True, database_pool_pre_ping=True) as worker:
+        assert worker.database.engine.pool._pre_ping  # type: ignore[attr-defined]
+    statements = [r.getMessage() for r in caplog.records if r.name == "fastpubsub.db.queries"]
+    # The worker's look for push subscriptions, as it went to PostgreSQL.
+    assert any(m.startswith("push_subscriptions: SELECT") for m in statements), statements[:5]
