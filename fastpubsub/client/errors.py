@@ -119,6 +119,8 @@ def detail_text(detail: Any) -> str:
     return str(detail)
 
 
+# Where client credentials are exchanged for a token (a 429 there: too many failed attempts).
+TOKEN_PATH = "/oauth/token"  # noqa: S105 (a path, not a password)
 # The server names the full subscription first in a refused publish's detail.
 _FULL_SUBSCRIPTION = re.compile(r'^subscription "([^"]+)" is full')
 
@@ -128,8 +130,11 @@ def for_status(status: int, detail: Any, method: str, path: str) -> APIError:
     cls = _BY_STATUS.get(status, APIError)
     text = detail_text(detail) if detail is not None else f"{method} {path} answered {status}"
     full = _FULL_SUBSCRIPTION.match(text) if status == 429 and method == "POST" else None
-    if full is not None:  # (429 also answers too many failed token requests)
+    if full is not None:
         error = BacklogFullError(text, status=status, detail=detail)
         error.subscription_id = full.group(1)
         return error
+    if status == 429 and path.endswith(TOKEN_PATH):
+        # Too many failed token requests: these credentials get no token for now.
+        return AuthenticationError(text, status=status, detail=detail)
     return cls(text, status=status, detail=detail)

@@ -194,7 +194,7 @@ class Connection:
         return await self.credentials.token(self._fetch_token)
 
     async def _fetch_token(self, body: dict[str, str]) -> Any:
-        return await self.json("POST", "/oauth/token", body=body, idempotent=True, authorize=False)
+        return await self.json("POST", errors.TOKEN_PATH, body=body, idempotent=True, authorize=False)
 
     async def send(
         self,

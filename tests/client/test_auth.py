@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 import time
 from collections.abc import Callable
 from uuid import UUID
@@ -19,7 +20,7 @@ from fastpubsub.client import (
     Publisher,
     Subscriber,
 )
-from tests.e2e.conftest import Server, base_env, cli
+from tests.e2e.conftest import FASTPUBSUB, Server, base_env, cli
 
 
 @pytest.fixture
@@ -159,3 +160,42 @@ def test_clients(secured: Server) -> None:
         assert client.get_client(created.id).token_version == 3
         client.delete_client(created.id)
         assert [c.id for c in client.list_clients()] == [UUID(admin_id)]
+
+
+def test_credentials_locked_out_for_failed_attempts_are_an_authentication_error(
+    database_url: str, run_server: Callable[..., Server]
+) -> None:
+    """A 429 from the token endpoint (too many failed attempts) refuses the credentials (CLI: exit 7)."""
+    server = run_server(
+        base_env(
+            database_url,
+            auth_enabled="true",
+            auth_secret_key=generate_signing_key(),
+            auth_max_failed_attempts="2",
+        ),
+        workers=1,  # the counts are each process's
+    )
+    client_id, _ = new_client(server, "topics:read")
+    statuses = []
+    for _ in range(5):  # refused (401) until the limit is reached, then locked out (429)
+        with Client(server.url, client_id=client_id, client_secret="wrong") as client:
+            with pytest.raises(AuthenticationError) as refused:
+                client.list_topics()
+            statuses.append(refused.value.status)
+            if refused.value.status == 429:
+                assert "too many failed" in str(refused.value)
+                break
+    assert statuses[-1] == 429, statuses
+    assert set(statuses[:-1]) == {401}
+    env = {
+        **server.env,
+        "FASTPUBSUB_API_URL": server.url,
+        "FASTPUBSUB_API_CLIENT_ID": client_id,
+        "FASTPUBSUB_API_CLIENT_SECRET": "wrong",
+    }
+    result = subprocess.run(
+        [FASTPUBSUB, "topics", "list"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 7, result.stderr
+    assert "too many failed" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
