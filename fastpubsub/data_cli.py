@@ -86,7 +86,9 @@ Retention = Annotated[
     ),
 ]
 
-topics_app = typer.Typer(help="Create, list, show and delete topics.", no_args_is_help=True)
+topics_app = typer.Typer(
+    help="Create, list, show, update and delete topics, and their stats.", no_args_is_help=True
+)
 subscriptions_app = typer.Typer(
     help="Create, list, show, change, replay and delete subscriptions; their metrics.", no_args_is_help=True
 )
