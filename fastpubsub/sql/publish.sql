@@ -196,7 +196,11 @@ BEGIN
         JOIN fastpubsub.subscriptions AS s
           ON s.topic_key = v_topic_key
          AND (s.filter IS NULL
-              OR CASE WHEN s.filter_simple THEN fastpubsub._filter_matches_seed(s.filter, i.payload)
+              OR CASE WHEN s.filter_simple  -- _filter_matches_seed, written out (filters.sql)
+                      THEN NOT EXISTS (
+                          SELECT 1 FROM jsonb_each(s.filter) AS f(key, allowed)
+                          WHERE NOT EXISTS (SELECT 1 FROM jsonb_array_elements(f.allowed) AS a(value)
+                                            WHERE a.value = i.payload -> f.key))
                       ELSE fastpubsub._filter_eval(s.filter, i.payload, i.attributes) END)
     ), stored AS (
         INSERT INTO fastpubsub.messages (created_at, id, topic_key, fanout, payload, attributes, priority, expires_at)
@@ -259,7 +263,11 @@ BEGIN
         JOIN fastpubsub.subscriptions AS x
           ON x.topic_key = p_topic_key AND x.max_backlog IS NOT NULL
          AND (x.filter IS NULL
-              OR CASE WHEN x.filter_simple THEN fastpubsub._filter_matches_seed(x.filter, i.payload)
+              OR CASE WHEN x.filter_simple  -- _filter_matches_seed, written out (filters.sql)
+                      THEN NOT EXISTS (
+                          SELECT 1 FROM jsonb_each(x.filter) AS f(key, allowed)
+                          WHERE NOT EXISTS (SELECT 1 FROM jsonb_array_elements(f.allowed) AS a(value)
+                                            WHERE a.value = i.payload -> f.key))
                       ELSE fastpubsub._filter_eval(x.filter, i.payload, i.attributes) END)
         GROUP BY x.key
         ORDER BY x.key

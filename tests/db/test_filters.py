@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import psycopg
 import pytest
 
@@ -77,3 +79,29 @@ def test_invalid_filters_are_refused_naming_the_key(
     assert info.value.sqlstate == "FP422"
     assert message in str(info.value)
     assert conn.execute("SELECT count(*) FROM fastpubsub.subscriptions").fetchone() == (0,)
+
+
+@pytest.mark.parametrize("max_backlog", [None, 10])
+def test_publish_evaluates_seed_filters_in_its_own_statement(
+    conn: psycopg.Connection, max_backlog: int | None
+) -> None:
+    """No call of _filter_matches_seed per publish (PostgreSQL before 18 planned it again for each one).
+
+    The same routing as the function's: the filtered subscription gets only what it accepts.
+    """
+    create_topic(conn, "t")
+    create_subscription(conn, "all", "t")
+    options = {"filter": {"country": ["BR"]}, "max_backlog": max_backlog}
+    conn.execute(
+        "SELECT fastpubsub.create_subscription('br', 't', %s::jsonb, 'latest')",
+        (json.dumps({k: v for k, v in options.items() if v is not None}),),
+    )
+    with conn.transaction():
+        conn.execute("SET LOCAL track_functions = 'all'")
+        ids = publish(conn, "t", [{"country": "BR", "n": 1}, {"country": "US", "n": 2}])
+        calls = conn.execute(
+            "SELECT coalesce(pg_stat_get_xact_function_calls('fastpubsub._filter_matches_seed'::regproc), 0)"
+        ).fetchone()
+    assert calls == (0,)
+    assert [d["message_id"] for d in deliveries(conn, "br")] == ids[:1]
+    assert [d["message_id"] for d in deliveries(conn, "all")] == sorted(ids)

@@ -1,0 +1,9 @@
+-- _consume_batch answered next_due only for a request that leased nothing.
+-- It now answers it for every request that leased fewer messages than it
+-- asked for (it took all there was), as of after its leases: the server's
+-- long-polls then know, without another look, when a retry, a delayed message
+-- or a lease end may bring something. _publish and _make_room evaluate a
+-- seed-format filter as an expression of their own statement instead of
+-- calling _filter_matches_seed, which PostgreSQL before 18 planned again for
+-- every publish. Nothing in the tables changes; the functions are installed
+-- from the source at the head.
