@@ -239,6 +239,14 @@ class Settings(BaseSettings):
     def _empty_is_unset(cls, value: object) -> object:
         return None if isinstance(value, str) and not value.strip() else value
 
+    @field_validator("push_allowed_hosts")
+    @classmethod
+    def _allowed_hosts(cls, value: str) -> str:
+        from fastpubsub.push.endpoints import allowed_hosts_of
+
+        allowed_hosts_of(value)  # ValueError names the entry at fault
+        return value
+
     @model_validator(mode="after")
     def _check(self) -> Settings:
         if self.subscription_backoff_max_seconds < self.subscription_backoff_min_seconds:

@@ -182,8 +182,11 @@ RESERVED_PUSH_HEADERS = frozenset(
     }
 )
 PushHeaderName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")]
-# Printable ASCII and tabs: what every HTTP client sends as is.
-PushHeaderValue = Annotated[str, StringConstraints(max_length=4096, pattern=r"^[\t\x20-\x7e]*$")]
+# Printable ASCII and tabs, neither a space nor a tab first or last: what every
+# HTTP client sends as is (one refuses a value it would have to trim).
+PushHeaderValue = Annotated[
+    str, StringConstraints(max_length=4096, pattern=r"^(?:[\x21-\x7e](?:[\t\x20-\x7e]*[\x21-\x7e])?)?$")
+]
 PUSH_EXAMPLE: dict[str, Any] = {
     "endpoint": "https://hooks.example.com/orders",
     "headers": {"Authorization": "Bearer receiver-token"},
@@ -207,7 +210,7 @@ class PushConfig(Body):
         default_factory=dict,
         max_length=MAX_PUSH_HEADERS,
         description="Sent with every request (e.g. the receiver's own credentials), values in printable "
-        "ASCII; the webhook-*, content and connection headers are fastpubsub's, and a User-Agent replaces "
+        "ASCII with no space or tab first or last; the webhook-*, content and connection headers are fastpubsub's, and a User-Agent replaces "
         "fastpubsub's",
     )
     timeout_seconds: StrictInt = Field(

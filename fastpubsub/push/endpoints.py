@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import re
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -32,6 +33,11 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 RESOLVE_TIMEOUT_SECONDS = 5.0
+# A host name: dot-separated labels of letters, digits, hyphens and underscores, 63 characters at most each.
+_HOST_NAME = re.compile(
+    r"(?=.{1,253}\.?$)[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+    r"(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*\.?"
+)
 
 
 class EndpointRefusedError(InvalidInputError):
@@ -82,24 +88,19 @@ class EndpointPolicy:
 
     @classmethod
     def from_settings(cls, allow_http: bool, allowed_hosts: str) -> EndpointPolicy:
-        """From FASTPUBSUB_PUSH_ALLOW_HTTP and FASTPUBSUB_PUSH_ALLOWED_HOSTS (comma-separated)."""
-        names: set[str] = set()
-        networks: list[IPNetwork] = []
-        for entry in (part.strip() for part in allowed_hosts.split(",")):
-            if not entry:
-                continue
-            try:
-                networks.append(ipaddress.ip_network(entry.strip("[]"), strict=False))
-            except ValueError:
-                names.add(_name(entry))
-        return cls(allow_http, frozenset(names), tuple(networks))
+        """From FASTPUBSUB_PUSH_ALLOW_HTTP and FASTPUBSUB_PUSH_ALLOWED_HOSTS (see allowed_hosts)."""
+        names, networks = allowed_hosts_of(allowed_hosts)
+        return cls(allow_http, names, networks)
 
     def address_allowed(self, address: IPAddress) -> bool:
         return is_public(address) or any(address in network for network in self.allowed_networks)
 
     def target(self, url: str) -> tuple[str, int]:
         """The host and port of an endpoint URL, checked for everything but its addresses."""
-        parts = urlsplit(url)
+        try:
+            parts = urlsplit(url)
+        except ValueError as exc:  # a bracketed host that is no IPv6 address, say
+            raise EndpointRefusedError(f"the push endpoint is not a valid URL: {exc}") from None
         schemes = ("https", "http") if self.allow_http else ("https",)
         if parts.scheme.lower() not in schemes:
             raise EndpointRefusedError(
@@ -144,6 +145,28 @@ class EndpointPolicy:
         return found
 
 
+def allowed_hosts_of(text: str) -> tuple[frozenset[str], tuple[IPNetwork, ...]]:
+    """The host names and networks of FASTPUBSUB_PUSH_ALLOWED_HOSTS (comma-separated).
+
+    ValueError names an entry that is neither an address, a CIDR network nor a
+    host name (`10.0.0.0/33`, a URL): taken for a name, it would match no host.
+    """
+    names: set[str] = set()
+    networks: list[IPNetwork] = []
+    for entry in (part.strip() for part in text.split(",")):
+        if not entry:
+            continue
+        try:
+            networks.append(ipaddress.ip_network(entry.strip("[]"), strict=False))
+        except ValueError:
+            if not _HOST_NAME.fullmatch(entry):
+                raise ValueError(
+                    f"{entry!r} is not a host name, an address or a CIDR network (such as 10.0.0.0/8)"
+                ) from None
+            names.add(_name(entry))
+    return frozenset(names), tuple(networks)
+
+
 def _name(host: str) -> str:
     return host.strip().lower().rstrip(".")
 
@@ -155,6 +178,8 @@ async def _resolve(host: str, port: int) -> list[IPAddress]:
             infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (OSError, TimeoutError) as exc:
         raise EndpointRefusedError(f"push endpoint host {host} does not resolve: {exc}") from None
+    except UnicodeError:  # an empty label (a..b), or one longer than 63 characters
+        raise EndpointRefusedError(f"push endpoint host {host} is not a valid host name") from None
     return _unique(ipaddress.ip_address(info[4][0]) for info in infos)
 
 

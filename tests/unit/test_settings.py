@@ -211,3 +211,23 @@ def test_invalid_settings_are_described_by_variable_with_credentials_never_shown
     for name in ("FASTPUBSUB_DATABASE_URL: ", "FASTPUBSUB_ARCHIVE_URI: ", "FASTPUBSUB_API_CLIENT_SECRET: "):
         assert name in text
     assert "FASTPUBSUB_LOG_LEVEL=two lines: " in text
+
+
+@pytest.mark.parametrize(
+    "entry", ["127.0.0.1/33", "127.0.0.0/8x", "http://127.0.0.1:8080", "a..b", "*.internal"]
+)
+def test_push_allowed_hosts_refuses_what_would_match_no_host(entry: str) -> None:
+    """A typo in FASTPUBSUB_PUSH_ALLOWED_HOSTS stops the start, naming the entry (it was taken for a name)."""
+    with pytest.raises(ValidationError, match=re.escape(repr(entry))):
+        Settings(_env_file=None, push_allowed_hosts=f"localhost, {entry}")
+
+
+def test_push_allowed_hosts_takes_names_addresses_and_networks() -> None:
+    from fastpubsub.push.endpoints import EndpointPolicy
+
+    settings = Settings(
+        _env_file=None, push_allowed_hosts="hooks.internal, my_host, 10.0.0.0/8, [::1], 127.0.0.1"
+    )
+    policy = EndpointPolicy.from_settings(False, settings.push_allowed_hosts)
+    assert policy.allowed_names == {"hooks.internal", "my_host"}
+    assert [str(n) for n in policy.allowed_networks] == ["10.0.0.0/8", "::1/128", "127.0.0.1/32"]
