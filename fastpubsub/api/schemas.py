@@ -210,8 +210,8 @@ class PushConfig(Body):
         default_factory=dict,
         max_length=MAX_PUSH_HEADERS,
         description="Sent with every request (e.g. the receiver's own credentials), values in printable "
-        "ASCII with no space or tab first or last; the webhook-*, content and connection headers are fastpubsub's, and a User-Agent replaces "
-        "fastpubsub's",
+        "ASCII with no space or tab first or last; the webhook-*, content and connection headers are "
+        "fastpubsub's, and a User-Agent replaces fastpubsub's",
     )
     timeout_seconds: StrictInt = Field(
         default=10, ge=1, le=60, description="A request not answered within this counts as failed"
