@@ -24,6 +24,7 @@ import logging
 import math
 import random
 from collections.abc import AsyncIterator, Iterator, Sequence
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -44,6 +45,7 @@ from fastpubsub.exceptions import (
     InvalidInputError,
     StatementTimeoutError,
 )
+from fastpubsub.models import SeekResult
 
 log = logging.getLogger(__name__)
 
@@ -409,6 +411,20 @@ class Delivery:
             await self.settle(subscription_id, "ack", ids=ids)
         else:
             await self.check_subscription(subscription_id)
+
+    async def reprocess_dlq(self, subscription_id: str, ids: Sequence[UUID | str]) -> int:
+        """Dead letters back into the queue; waiters here and elsewhere hear of them once committed."""
+        reprocessed = await self.database.reprocess_dlq(subscription_id, ids)
+        if reprocessed:
+            self.hub.made_ready(subscription_id, reprocessed)
+        return reprocessed
+
+    async def seek(self, subscription_id: str, time: datetime) -> SeekResult:
+        """Replay from `time` (Database.seek); waiters hear of the messages made deliverable again."""
+        result = await self.database.seek(subscription_id, time)
+        if result.replayed:
+            self.hub.made_ready(subscription_id, result.replayed)
+        return result
 
     async def check_subscription(self, subscription_id: str) -> None:
         """NotFoundError unless the subscription exists: what an empty list of ids still answers."""

@@ -376,7 +376,7 @@ async def seek(request: Request, subscription_id: SubscriptionId) -> Response:
     if len(when) == 16:  # a datetime-local field: minutes, in UTC as the page says
         when += ":00Z"
     body = SeekRequest.model_validate({"time": when})
-    await subscriptions.seek_subscription(subscription_id, body, request.app.state.database, principal)
+    await subscriptions.seek_subscription(subscription_id, body, request.app.state.delivery, principal)
     return back(f"/console/subscriptions/{subscription_id}", "seek")
 
 
@@ -424,7 +424,7 @@ async def reprocess(request: Request, subscription_id: SubscriptionId) -> Respon
         raise InvalidInputError("id: each selected message must be a message id (a UUID)") from exc
     if not ids:
         return back(f"/console/subscriptions/{subscription_id}/dlq", "nothing")
-    await subscriptions.reprocess_dlq(subscription_id, ids, request.app.state.database, principal)
+    await subscriptions.reprocess_dlq(subscription_id, ids, request.app.state.delivery, principal)
     return back(f"/console/subscriptions/{subscription_id}/dlq", "reprocessed")
 
 

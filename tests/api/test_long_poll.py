@@ -231,3 +231,35 @@ async def test_a_poll_after_a_hand_off_of_all_there_was_waits_for_the_next_publi
         assert [m["payload"] for m in (await waiting)[1]] == [{"n": n}]
     assert ran.count("publish_handoff") == 3
     assert "consume_batch" not in ran  # each poll was handed its message; none looked
+
+
+async def test_reprocessed_dead_letters_wake_a_waiting_consumer(api: httpx.AsyncClient) -> None:
+    await setup(api, max_delivery_attempts=1)
+    await api.post("/topics/t/messages", json=[{"n": 1}])
+    (message,) = (await api.get("/subscriptions/s/messages", params={"consumer_id": "w"})).json()["data"]
+    await api.post("/subscriptions/s/nacks", json=[message["id"]])  # its last attempt: dead-lettered
+    assert (await api.get("/subscriptions/s/metrics")).json()["dlq"] == 1
+    assert (await long_poll(api, 0.1))[1] == []
+    await asyncio.sleep(0.7)  # the new interest's extra looks are over: only news wakes the next poll
+    waiting = asyncio.create_task(long_poll(api, 10))
+    await asyncio.sleep(0.5)
+    assert (await api.post("/subscriptions/s/dlq/reprocess", json=[message["id"]])).status_code == 204
+    elapsed, data = await waiting
+    assert [m["id"] for m in data] == [message["id"]]
+    assert elapsed < 3  # woken by the reprocessing, long before the wait ended
+
+
+async def test_a_replay_wakes_a_waiting_consumer(api: httpx.AsyncClient) -> None:
+    await setup(api)
+    await api.post("/topics/t/messages", json=[{"n": 1}])
+    (message,) = (await api.get("/subscriptions/s/messages", params={"consumer_id": "w"})).json()["data"]
+    await api.post("/subscriptions/s/acks", json=[message["id"]])
+    assert (await long_poll(api, 0.1))[1] == []
+    await asyncio.sleep(0.7)  # the new interest's extra looks are over: only news wakes the next poll
+    waiting = asyncio.create_task(long_poll(api, 10))
+    await asyncio.sleep(0.5)
+    replayed = await api.post("/subscriptions/s/seek", json={"time": message["created_at"]})
+    assert replayed.json()["replayed"] == 1
+    elapsed, data = await waiting
+    assert [m["id"] for m in data] == [message["id"]]
+    assert elapsed < 3

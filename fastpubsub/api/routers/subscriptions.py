@@ -8,7 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
-from fastpubsub.api.deps import BackfillsDep, DatabaseDep, PrincipalDep, SettingsDep
+from fastpubsub.api.deps import BackfillsDep, DatabaseDep, DeliveryDep, PrincipalDep, SettingsDep
 from fastpubsub.api.errors import error_responses
 from fastpubsub.api.params import IdList, Limit, Offset, SubscriptionId
 from fastpubsub.api.schemas import (
@@ -253,10 +253,10 @@ async def rotate_push_secret(
     responses=error_responses(401, 403, 404, 422),
 )
 async def seek_subscription(
-    subscription_id: SubscriptionId, body: SeekRequest, database: DatabaseDep, principal: PrincipalDep
+    subscription_id: SubscriptionId, body: SeekRequest, delivery: DeliveryDep, principal: PrincipalDep
 ) -> SeekResult:
     principal.require("subscriptions:consume", subscription_id)
-    result = await database.seek(subscription_id, body.time)
+    result = await delivery.seek(subscription_id, body.time)
     return SeekResult(replayed=result.replayed, acked=result.acked)
 
 
@@ -295,13 +295,15 @@ async def list_dlq(
     },
 )
 async def reprocess_dlq(
-    subscription_id: SubscriptionId, ids: IdList, database: DatabaseDep, principal: PrincipalDep
+    subscription_id: SubscriptionId, ids: IdList, delivery: DeliveryDep, principal: PrincipalDep
 ) -> Response:
     principal.require("subscriptions:consume", subscription_id)
     if ids:
-        await database.reprocess_dlq(subscription_id, ids)
+        await delivery.reprocess_dlq(subscription_id, ids)
     else:
-        await database.get_subscription(subscription_id)  # an empty list still names one that must exist
+        await delivery.database.get_subscription(
+            subscription_id
+        )  # an empty list still names one that must exist
     return Response(status_code=204)
 
 
