@@ -91,3 +91,6 @@ def configure_logging(level: str = "info", fmt: str = "json") -> None:
     logging.getLogger("gunicorn.access").disabled = True
     # Alembic names each plugin it loads, at INFO, whenever it is imported.
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+    # httpx logs every request at INFO with its whole URL: a push-worker's, one
+    # line per push, with whatever token an endpoint URL carries.
+    logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -29,6 +29,7 @@ deliverable again without waiting for the ack deadline.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -261,6 +262,9 @@ class PushWorker:
         self.lines: dict[str, _Line] = {}
         self._refused: dict[str, str] = {}  # subscriptions not pushed: what is wrong with each
         self._clients: dict[tuple[str, str, int | None], httpx.AsyncClient] = {}
+        # Requests in flight to each origin: a client no line uses any more is closed once it has none.
+        self._posting: collections.Counter[tuple[str, str, int | None]] = collections.Counter()
+        self._forgetting: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
         self.ready = asyncio.Event()  # set once the subscriptions were read the first time
 
@@ -304,7 +308,9 @@ class PushWorker:
                 line.window.lease_seconds = subscription.ack_deadline_seconds
                 line.window.wake()
         used = {_origin(line.subscription.push["endpoint"]) for line in self.lines.values()}
-        for origin in [o for o in self._clients if o not in used]:
+        # A client with requests in flight (an endpoint just changed, a line just ended) is kept
+        # until they are answered: closing it would end them as failures.
+        for origin in [o for o in self._clients if o not in used and not self._posting[o]]:
             await self._clients.pop(origin).aclose()
 
     def _usable(self, subscription: PushSubscription) -> PushSubscription | None:
@@ -339,8 +345,18 @@ class PushWorker:
         self.budget.windows.discard(line.window)
         if line.task is not None:
             line.task.cancel()
-        # Requests in flight finish and settle (or their leases run out).
-        self.metrics.forget(subscription_id)
+        # Requests in flight finish and settle (or their leases run out); the subscription's
+        # metrics go once they have counted themselves out, unless it is pushed again by then.
+        in_flight = list(line.sending.values())
+
+        async def forget() -> None:
+            await asyncio.gather(*in_flight, return_exceptions=True)
+            if subscription_id not in self.lines:
+                self.metrics.forget(subscription_id)
+
+        task = asyncio.create_task(forget(), name="fastpubsub-push-forget")
+        self._forgetting.add(task)
+        task.add_done_callback(self._forgetting.discard)
         log.info("no longer pushing %s", subscription_id)
 
     async def _lease(self, line: _Line) -> None:
@@ -406,6 +422,8 @@ class PushWorker:
             log.debug("push of %s to %s failed: %s", message["id"], sid, failure)
         try:
             await self.delivery.settle(sid, "nack" if failure else "ack", receipts=[message["receipt"]])
+        except NotFoundError:
+            log.info("message %s was pushed while its subscription %s was deleted", message["id"], sid)
         except FastPubSubError as exc:
             log.warning(
                 "could not settle message %s of %s (%s): it is pushed again when its lease runs out",
@@ -417,6 +435,18 @@ class PushWorker:
     async def _post(self, endpoint: str, body: bytes, headers: dict[str, str], seconds: float) -> str | None:
         """POST, answered within `seconds`; None when answered 2xx, else the failure's reason (REASONS)."""
         client = self._client(endpoint)
+        origin = _origin(endpoint)
+        self._posting[origin] += 1
+        try:
+            return await self._answer(client, endpoint, body, headers, seconds)
+        finally:
+            self._posting[origin] -= 1
+            if not self._posting[origin]:
+                del self._posting[origin]
+
+    async def _answer(
+        self, client: httpx.AsyncClient, endpoint: str, body: bytes, headers: dict[str, str], seconds: float
+    ) -> str | None:
         try:
             async with asyncio.timeout(seconds):
                 request = client.build_request("POST", endpoint, content=body, headers=headers)
