@@ -280,7 +280,9 @@ async def test_requests_in_flight_finish_when_the_endpoint_changes(db: Database,
     assert failures == 0
 
 
-async def test_a_subscription_no_longer_pushed_counts_its_last_requests_out(db: Database, database_url: str) -> None:
+async def test_a_subscription_no_longer_pushed_counts_its_last_requests_out(
+    db: Database, database_url: str
+) -> None:
     """Push removed while requests are in flight: they settle, and its metrics go (never below zero)."""
     async with receiving(delay=2.0) as (receiver, url):
         await push_subscription(db, url)
