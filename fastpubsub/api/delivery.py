@@ -566,9 +566,14 @@ class Delivery:
                         waiter.demand = room
                         if room > 0 and not idle and not hub.known_empty(subscription_id):
                             mark = hub.look_began(subscription_id)
-                            events, due = await self.database.consume_events(
-                                subscription_id, consumer_id, min(room, MAX_BATCH_SIZE)
-                            )
+                            asked = min(room, MAX_BATCH_SIZE)
+                            window.reserve(asked)
+                            try:
+                                events, due = await self.database.consume_events(
+                                    subscription_id, consumer_id, asked
+                                )
+                            finally:
+                                window.release(asked)  # what it leased is in `held` from here on
                             if events:
                                 full = len(events) >= min(room, MAX_BATCH_SIZE)
                                 if full:
@@ -659,6 +664,12 @@ class Window:
     def room(self) -> int:
         """How many more messages the stream may lease now."""
         return self.limit - len(self.held)
+
+    def reserve(self, count: int) -> None:
+        """A look for up to `count` messages begins (windows sharing a limit count them taken)."""
+
+    def release(self, count: int) -> None:
+        """The look that reserved `count` has ended: what it leased is held (or sent) now."""
 
     def wake(self) -> None:
         if self.waiter is not None:

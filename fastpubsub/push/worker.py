@@ -128,10 +128,15 @@ class PushMetrics:
 
 
 class Budget:
-    """Requests the worker may have in flight over all subscriptions; windows wait for it."""
+    """Requests the worker may have in flight over all subscriptions; windows wait for it.
+
+    `reserved`: what the lease looks running now may bring (PushWindow.reserve),
+    so that lines looking at once do not each take what is free.
+    """
 
     def __init__(self, size: int) -> None:
         self.free = size
+        self.reserved = 0
         self.windows: set[Window] = set()
 
     def take(self) -> None:
@@ -151,7 +156,14 @@ class PushWindow(Window):
         self.budget = budget
 
     def room(self) -> int:
-        return min(super().room(), self.budget.free)
+        return min(super().room(), self.budget.free - self.budget.reserved)
+
+    def reserve(self, count: int) -> None:
+        self.budget.reserved += count
+
+    def release(self, count: int) -> None:
+        # Its messages are sent (Budget.take) before any other line looks again: no await between.
+        self.budget.reserved -= count
 
 
 class _GuardedBackend(httpcore.AsyncNetworkBackend):

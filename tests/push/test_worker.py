@@ -307,3 +307,27 @@ async def test_a_subscription_no_longer_pushed_counts_its_last_requests_out(
 async def _waiting(receiver: Receiver, count: int) -> bool:
     """`count` requests have reached the receiver and wait for its answer."""
     return receiver.in_flight >= count
+
+
+async def test_the_worker_concurrency_holds_across_subscriptions(db: Database, database_url: str) -> None:
+    """Lines looking at once share FASTPUBSUB_PUSH_WORKER_CONCURRENCY: none leases what another took."""
+    async with receiving(delay=0.5) as (receiver, url):
+        await db.create_topic("t")
+        for n in range(3):
+            push = {"endpoint": url, "timeout_seconds": 5, "max_concurrency": 5}
+            await db.create_subscription(f"s{n}", "t", push=push, push_secret=signing.new_secret())
+        async with working(database_url, push_allowed_hosts="127.0.0.1", push_worker_concurrency=2) as worker:
+            await db.publish("t", [{"n": 1}, {"n": 2}])
+            most = 0
+
+            async def drained() -> bool:
+                nonlocal most
+                most = max(most, sum(v for n in range(3) for v in _sample(worker.metrics.in_flight, f"s{n}")))
+                acked = [(await db.subscription_metrics(f"s{n}")).acked for n in range(3)]
+                return acked == [2, 2, 2]
+
+            await wait_for(drained)
+            failures = sum(v for n in range(3) for v in _sample(worker.metrics.failures, f"s{n}"))
+    assert most <= 2
+    assert receiver.most_in_flight <= 2
+    assert (receiver.requests, failures) == (6, 0)  # nothing leased that could not be sent in time
