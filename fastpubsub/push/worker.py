@@ -127,6 +127,16 @@ class PushMetrics:
                 self.failures.remove(subscription_id, reason)
 
 
+def request_timeout(timeout_seconds: float, lease_seconds: float) -> float:
+    """How long a push request may take: its timeout, ended well within its lease.
+
+    A lease must not run out while its request is in flight (the message would
+    be pushed again meanwhile): a second before it ends, or halfway through a
+    lease of two seconds or less.
+    """
+    return min(timeout_seconds, max(lease_seconds - 1.0, lease_seconds / 2))
+
+
 class Budget:
     """Requests the worker may have in flight over all subscriptions; windows wait for it.
 
@@ -416,8 +426,7 @@ class PushWorker:
             headers["user-agent"] = USER_AGENT
         headers["content-type"] = "application/json"
         headers.update(signing.headers(secrets, str(message["id"]), int(time.time()), body))
-        # A lease must not run out while its request is in flight (it would be delivered twice).
-        timeout = min(float(push["timeout_seconds"]), max(lease_seconds - 1.0, 1.0))
+        timeout = request_timeout(float(push["timeout_seconds"]), lease_seconds)
         metrics, sid = self.metrics, subscription.id
         metrics.attempts.labels(sid).inc()
         metrics.in_flight.labels(sid).inc()
@@ -433,7 +442,16 @@ class PushWorker:
             metrics.failures.labels(sid, failure).inc()
             log.debug("push of %s to %s failed: %s", message["id"], sid, failure)
         try:
-            await self.delivery.settle(sid, "nack" if failure else "ack", receipts=[message["receipt"]])
+            settled = await self.delivery.settle(
+                sid, "nack" if failure else "ack", receipts=[message["receipt"]]
+            )
+            if not settled["done"]:
+                log.warning(
+                    "message %s of %s was answered after its lease had ended: it is pushed again "
+                    "(an ack deadline shorter than the endpoint's answers?)",
+                    message["id"],
+                    sid,
+                )
         except NotFoundError:
             log.info("message %s was pushed while its subscription %s was deleted", message["id"], sid)
         except FastPubSubError as exc:

@@ -15,7 +15,7 @@ from fastpubsub.bench.receiver import Receiver
 from fastpubsub.db import Database
 from fastpubsub.push import signing
 from fastpubsub.push.endpoints import EndpointPolicy, EndpointRefusedError
-from fastpubsub.push.worker import USER_AGENT, PushWorker
+from fastpubsub.push.worker import USER_AGENT, PushWorker, request_timeout
 from fastpubsub.settings import Settings
 
 
@@ -331,3 +331,12 @@ async def test_the_worker_concurrency_holds_across_subscriptions(db: Database, d
     assert most <= 2
     assert receiver.most_in_flight <= 2
     assert (receiver.requests, failures) == (6, 0)  # nothing leased that could not be sent in time
+
+
+@pytest.mark.parametrize(
+    ("timeout", "lease", "expected"),
+    [(10, 30, 10), (60, 30, 29), (10, 3, 2), (10, 2, 1), (10, 1, 0.5), (0.4, 1, 0.4)],
+)
+def test_a_push_request_ends_within_its_lease(timeout: float, lease: float, expected: float) -> None:
+    assert request_timeout(timeout, lease) == expected
+    assert request_timeout(timeout, lease) < lease  # never the whole lease: it would be pushed twice
