@@ -32,8 +32,9 @@ Where the news comes from:
   to a subscription nobody waits on elsewhere sends nothing;
 * applications publishing in SQL inside their own transactions: those
   sessions notify at commit (`orders=3`);
-* due times: a look that leased nothing says when a retry, a delayed message
-  or a lease end is next due, and the hub keeps one timer per subscription;
+* due times: a look that took all there was says when a retry, a delayed
+  message or a lease end is next due, and the hub keeps one timer per
+  subscription (while nobody waits there too);
 * while the notification connection is down, one waiter per subscription
   looks every second.
 

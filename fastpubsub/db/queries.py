@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
@@ -47,7 +48,12 @@ from fastpubsub.sql.source import driver_queries
 log = logging.getLogger(__name__)
 
 # What FASTPUBSUB_DATABASE_ECHO shows of a statement's parameters, at most.
+# Never shown: parameters whose names hold these words (client secret
+# hashes), nor push signing secrets anywhere in a value (in a JSON options
+# document, say).
 ECHO_PARAMS_CHARS = 500
+ECHO_HIDDEN = ("secret", "hash", "token")
+_PUSH_SECRET = re.compile(r"whsec_[A-Za-z0-9+/=]+")
 
 # jsonb values arrive through orjson (several times faster than the json
 # module), except integers beyond 64 bits, which orjson would round.
@@ -170,7 +176,8 @@ class Database:
         """
         statement = driver_queries()[query]
         if self.echo:
-            shown = repr(params)
+            hidden = {k: "<hidden>" if any(w in k for w in ECHO_HIDDEN) else v for k, v in params.items()}
+            shown = _PUSH_SECRET.sub("whsec_<hidden>", repr(hidden))
             if len(shown) > ECHO_PARAMS_CHARS:
                 shown = shown[:ECHO_PARAMS_CHARS] + f"... ({len(shown)} characters)"
             log.info("%s: %s %s", query, " ".join(statement.split()), shown)

@@ -88,7 +88,7 @@ class EndpointPolicy:
 
     @classmethod
     def from_settings(cls, allow_http: bool, allowed_hosts: str) -> EndpointPolicy:
-        """From FASTPUBSUB_PUSH_ALLOW_HTTP and FASTPUBSUB_PUSH_ALLOWED_HOSTS (see allowed_hosts)."""
+        """From FASTPUBSUB_PUSH_ALLOW_HTTP and FASTPUBSUB_PUSH_ALLOWED_HOSTS (see allowed_hosts_of)."""
         names, networks = allowed_hosts_of(allowed_hosts)
         return cls(allow_http, names, networks)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from uuid import UUID, uuid4
 
 import pytest
@@ -244,3 +245,22 @@ async def test_publish_bodies_reach_the_database_as_they_were_sent(db: Database)
     assert [len(ids) for ids, _, _ in results] == [2, 1]
     assert [m.payload for m in await db.consume("s", "w", 10)] == payloads[:2]
     assert [m.payload for m in await db.consume("q", "w", 10)] == [payloads[2]]
+
+
+async def test_echo_logs_each_statement_but_never_a_secret(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """FASTPUBSUB_DATABASE_ECHO: the named statement, its SQL and its parameters, secrets hidden."""
+    echoing = Database(database_url, pool_size=1, max_overflow=0, echo=True)
+    secret = "whsec_" + "A" * 43
+    try:
+        with caplog.at_level(logging.INFO, logger="fastpubsub.db.queries"):
+            await echoing.create_topic("t")
+            push = {"endpoint": "https://hooks.example.com/x"}
+            await echoing.create_subscription("s", "t", push=push, push_secret=secret)
+    finally:
+        await echoing.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "fastpubsub.db.queries"]
+    assert any(line.startswith("create_subscription: SELECT") and "'s'" in line for line in lines), lines
+    assert not any(secret in line for line in lines)
+    assert any("whsec_<hidden>" in line for line in lines)

@@ -300,10 +300,8 @@ async def reprocess_dlq(
     principal.require("subscriptions:consume", subscription_id)
     if ids:
         await delivery.reprocess_dlq(subscription_id, ids)
-    else:
-        await delivery.database.get_subscription(
-            subscription_id
-        )  # an empty list still names one that must exist
+    else:  # an empty list still names one that must exist
+        await delivery.database.get_subscription(subscription_id)
     return Response(status_code=204)
 
 
