@@ -50,6 +50,7 @@ LANDED = {
     "0019_repeated_receipt_acks": "2681a6740f0c422ec25a7da065690bae92ee80051b1002a8e87bd1cc6dc4516e",
     "0020_repeated_receipt_nacks": "d4452b626bcdf4cb7ee7bf90f15c29a47edc048561278fec3e01b38e7e1dfa67",
     "0021_reprocess_within_backlog": "e532bc5bf620722eb7d29bc0e2e546547453e3f0e18f2ff90c1b2665d3978ead",
+    "0022_partial_looks_and_filters": "1040826db32cf6a3b8bf6e0186eac0512adcb73ea6628290ff849089e1495c14",
 }
 
 CATALOG_QUERIES = {
