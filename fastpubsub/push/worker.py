@@ -297,6 +297,7 @@ class PushWorker:
     async def run(self) -> None:
         """Deliver until stop(); then end gracefully (see the module docstring)."""
         await self.hub.start()
+        log.info("push-worker started: up to %d requests in flight", self.settings.push_worker_concurrency)
         try:
             while not self._stopping.is_set():
                 try:
@@ -432,7 +433,7 @@ class PushWorker:
         metrics.in_flight.labels(sid).inc()
         started = time.perf_counter()
         try:
-            failure = await self._post(push["endpoint"], body, headers, timeout)
+            failure = await self._post(sid, push["endpoint"], body, headers, timeout)
         finally:
             metrics.in_flight.labels(sid).dec()
             metrics.latency.labels(sid).observe(time.perf_counter() - started)
@@ -462,20 +463,28 @@ class PushWorker:
                 one_line(exc),
             )
 
-    async def _post(self, endpoint: str, body: bytes, headers: dict[str, str], seconds: float) -> str | None:
+    async def _post(
+        self, subscription_id: str, endpoint: str, body: bytes, headers: dict[str, str], seconds: float
+    ) -> str | None:
         """POST, answered within `seconds`; None when answered 2xx, else the failure's reason (REASONS)."""
         client = self._client(endpoint)
         origin = _origin(endpoint)
         self._posting[origin] += 1
         try:
-            return await self._answer(client, endpoint, body, headers, seconds)
+            return await self._answer(subscription_id, client, endpoint, body, headers, seconds)
         finally:
             self._posting[origin] -= 1
             if not self._posting[origin]:
                 del self._posting[origin]
 
     async def _answer(
-        self, client: httpx.AsyncClient, endpoint: str, body: bytes, headers: dict[str, str], seconds: float
+        self,
+        subscription_id: str,
+        client: httpx.AsyncClient,
+        endpoint: str,
+        body: bytes,
+        headers: dict[str, str],
+        seconds: float,
     ) -> str | None:
         try:
             async with asyncio.timeout(seconds):
@@ -492,14 +501,20 @@ class PushWorker:
         except (TimeoutError, httpx.TimeoutException):
             return "timeout"
         except EndpointRefusedError as exc:
-            log.warning("push endpoint refused: %s", exc)
+            log.warning("push endpoint of %s refused: %s", subscription_id, exc)
             return "refused_address"
         except httpx.ConnectError:
             return "connect"
         except httpx.HTTPError:
             return "error"
         except Exception as exc:  # e.g. headers stored in SQL that no request can carry
-            log.warning("push to %s could not be sent: %s: %s", endpoint, type(exc).__name__, one_line(exc))
+            log.warning(
+                "push of %s to %s could not be sent: %s: %s",
+                subscription_id,
+                endpoint,
+                type(exc).__name__,
+                one_line(exc),
+            )
             return "error"
         status = response.status_code
         if 200 <= status < 300:
@@ -531,6 +546,9 @@ class PushWorker:
         await asyncio.gather(*(line.task for line in lines if line.task is not None), return_exceptions=True)
         running = [task for line in lines for task in line.sending.values()]
         if running:
+            log.info(
+                "push-worker stopping: %d requests in flight get %g s to finish", len(running), self.shutdown_grace
+            )
             await asyncio.wait(running, timeout=self.shutdown_grace)
         unfinished = {line.subscription.id: list(line.sending) for line in lines if line.sending}
         for line in lines:
@@ -549,3 +567,4 @@ class PushWorker:
         self._clients.clear()
         await self.hub.stop()
         await self.database.close()
+        log.info("push-worker stopped")

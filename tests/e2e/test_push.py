@@ -234,6 +234,7 @@ def test_sigterm_gives_back_the_leases_in_flight_at_once(
     run_server: Callable[..., Server],
     receivers: Callable[..., Receiver],
     push_workers: Callable[..., subprocess.Popen[bytes]],
+    tmp_path: Path,
 ) -> None:
     env = base_env(database_url, **PUSH_SETTINGS)
     server = run_server(env)
@@ -243,7 +244,7 @@ def test_sigterm_gives_back_the_leases_in_flight_at_once(
         push = {"endpoint": f"{slow.url}/hook", "timeout_seconds": 60, "max_concurrency": 5}
         body = {"id": "s", "topic_id": "t", "ack_deadline_seconds": 600, "push": push}
         assert http.post("/subscriptions", json=body).status_code == 201
-        worker = push_workers(env, "--shutdown-grace", "0")
+        worker = push_workers({**env, "FASTPUBSUB_LOG_LEVEL": "info"}, "--shutdown-grace", "0")
         publish(http, 10)
         wait_until(lambda: metrics(http)["delivered"] == 5, 30, "5 requests in flight")
         worker.send_signal(signal.SIGTERM)
@@ -251,6 +252,15 @@ def test_sigterm_gives_back_the_leases_in_flight_at_once(
         # The ack deadline is 10 minutes: only the worker giving them back makes them deliverable now.
         after = metrics(http)
     assert (after["delivered"], after["available"], after["acked"]) == (0, 10, 0)
+    # It says what it did, from start to end (the log of the first worker push_workers started).
+    said = (tmp_path / "push-worker-0.log").read_text()
+    for line in (
+        "push-worker started: up to",
+        "push-worker stopping: 5 requests in flight get 0 s to finish",
+        "gave back 5 messages of s",
+        "push-worker stopped",
+    ):
+        assert line in said, said
 
 
 def test_a_private_address_is_refused_with_422_and_nothing_is_sent(

@@ -61,10 +61,12 @@ async def push_subscription(db: Database, endpoint: str, **policy: Any) -> None:
 
 
 async def test_an_address_allowed_at_creation_but_not_at_connect_time_gets_no_request(
-    db: Database, database_url: str
+    db: Database, database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The endpoint was accepted (as if its name had resolved to a public address then); the worker
-    resolves and checks again when it connects, and sends nothing to a refused address."""
+    resolves and checks again when it connects, sends nothing to a refused address, and says
+    which subscription's endpoint it refused."""
+    caplog.set_level(logging.WARNING, logger="fastpubsub.push.worker")
     async with receiving() as (receiver, url):
         await push_subscription(db, url, max_delivery_attempts=1)
         async with working(database_url) as worker:  # 127.0.0.1 is not allowed here
@@ -73,6 +75,9 @@ async def test_an_address_allowed_at_creation_but_not_at_connect_time_gets_no_re
             failures = worker.metrics.failures.labels("s", "refused_address")._value.get()
         assert receiver.requests == 0
         assert failures == 1
+    refused = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert refused, caplog.text
+    assert all(line.startswith("push endpoint of s refused: ") for line in refused), refused
 
 
 async def _dlq(db: Database) -> bool:
