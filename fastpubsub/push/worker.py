@@ -547,7 +547,9 @@ class PushWorker:
         running = [task for line in lines for task in line.sending.values()]
         if running:
             log.info(
-                "push-worker stopping: %d requests in flight get %g s to finish", len(running), self.shutdown_grace
+                "push-worker stopping: %d requests in flight get %g s to finish",
+                len(running),
+                self.shutdown_grace,
             )
             await asyncio.wait(running, timeout=self.shutdown_grace)
         unfinished = {line.subscription.id: list(line.sending) for line in lines if line.sending}
