@@ -7,8 +7,9 @@ Starts a throwaway embedded PostgreSQL, then in alternating rounds a
 end-to-end workload of `fastpubsub bench all` on each (wrk publishing one
 message per request at a fixed rate, one long-polling consumer acking as it
 receives; see worker_relay.py, whose round this is). With one worker (the
-default) every publish lands in the process the consumer waits in, which is
-where a hand-off can happen; with N workers about one publish in N does.
+default) every publish lands in the process the consumer waits in; with N
+workers about one publish in N does, and the others hand their messages to
+the consumer's worker by datagram (a sibling hand-off), which off also stops.
 Prints a line per round, the medians, and a JSON line.
 """
 

@@ -183,15 +183,21 @@ class Delivery:
         (with the first of its requests), so waking happens here, for the whole
         batch, and not in each request (whose caller may be gone by then).
         """
-        reserved = self._reserve_handoffs(requests)
+        reserved, siblings = self._reserve_handoffs(requests)
         taken: dict[str, int] = {}
-        if not reserved:
+        if not reserved and not siblings:
             results = await self.database.publish_batch(requests)
         else:
             handoffs = [(s, str(w.consumer), min(w.demand, MAX_BATCH_SIZE)) for s, w in reserved]
+            handoffs += [(s, consumer, min(demand, MAX_BATCH_SIZE)) for s, _, consumer, demand in siblings]
+            # One order of subscriptions for every batch's leases, in every worker.
+            order = sorted(range(len(handoffs)), key=lambda index: handoffs[index][0])
             handed: list[tuple[list[tuple[UUID, str]], float | None]] = []
             try:
-                results, handed = await self.database.publish_handoff(requests, handoffs)
+                results, in_order = await self.database.publish_handoff(
+                    requests, [handoffs[index] for index in order]
+                )
+                handed = [in_order[position] for position in sorted(range(len(order)), key=order.__getitem__)]
             finally:
                 # Every reserved waiter hears, whatever happened (nothing: it looks for itself).
                 for index, (_, waiter) in enumerate(reserved):
@@ -199,6 +205,17 @@ class Delivery:
             # The lease takes the oldest deliverable messages first: only those of
             # this publish need no wake-up (older ones had theirs).
             new = {message_id for ids, _, _ in results for message_id in ids}
+            for (subscription_id, pid, consumer, _), (events, _) in zip(
+                siblings, handed[len(reserved) :], strict=True
+            ):
+                if not events:
+                    continue
+                if self.hub.hand_to_sibling(pid, subscription_id, consumer, events):
+                    mine = sum(1 for message_id, _ in events if message_id in new)
+                    if mine:
+                        taken[subscription_id] = mine
+                else:  # that worker is gone, or its queue full: deliverable again, and news
+                    self._give_up_leases(subscription_id, events)
             # Those the publish fed deliverable messages: their hand-offs leased, as a look would.
             fed = {s for _, woken, counts in results for s, count in zip(woken, counts, strict=True) if count}
             for (subscription_id, waiter), (events, due), (_, _, size) in zip(
@@ -225,11 +242,18 @@ class Delivery:
             self.hub.published(woken, counts)
         return results
 
-    def _reserve_handoffs(self, requests: Sequence[tuple[str, str, bool]]) -> list[tuple[str, Waiter]]:
-        """A consumer parked here on each subscription these topics fed lately, reserved (hub.reserve)."""
+    def _reserve_handoffs(
+        self, requests: Sequence[tuple[str, str, bool]]
+    ) -> tuple[list[tuple[str, Waiter]], list[tuple[str, int, str, int]]]:
+        """A consumer parked on each subscription these topics fed lately, reserved.
+
+        Here (hub.reserve) if there is one; otherwise one a sibling worker said
+        it has (hub.reserve_sibling): (subscription, worker pid, consumer, demand).
+        """
         reserved: list[tuple[str, Waiter]] = []
+        siblings: list[tuple[str, int, str, int]] = []
         if not self.handoff:
-            return reserved
+            return reserved, siblings
         fed = {
             subscription_id
             for topic_id, _, _ in requests
@@ -239,7 +263,9 @@ class Delivery:
             waiter = self.hub.reserve(subscription_id)
             if waiter is not None:
                 reserved.append((subscription_id, waiter))
-        return reserved
+            elif (elsewhere := self.hub.reserve_sibling(subscription_id)) is not None:
+                siblings.append((subscription_id, *elsewhere))
+        return reserved, siblings
 
     def _give_up_leases(self, subscription_id: str, events: list[tuple[UUID, str]]) -> None:
         """End the leases a publish took for a consumer that had gone: deliverable again at once."""
@@ -338,9 +364,9 @@ class Delivery:
                 else:
                     remaining = deadline - loop.time()
                 look = True
-                await park(waiter, remaining)
+                await park(hub, subscription_id, waiter, remaining)
                 # Once its client has gone it leaves: hub.waiter gives up what was handed.
-                if not gone.is_set() and (events := await take_handoff(waiter)):
+                if not gone.is_set() and (events := await take_handoff(hub, subscription_id, waiter)):
                     return len(events), "[" + ",".join(data for _, data in events) + "]"
                 # Whatever ended the wait (news, a due time, the deadline, the
                 # client leaving), look again: the last look comes after the deadline.
@@ -603,10 +629,12 @@ class Delivery:
                             ) from exc
                         timeout, retry = retry, min(retry * 2, MAX_OUTAGE_RETRY_SECONDS)
                     timeout = min(timeout, quiet_until - loop.time())
-                    woken = await park(waiter, timeout)
+                    woken = await park(hub, subscription_id, waiter, timeout)
                     kept_alive = False
                     # Once its client has gone it ends: hub.waiter gives up what was handed.
-                    if not (gone is not None and gone.is_set()) and (events := await take_handoff(waiter)):
+                    if not (gone is not None and gone.is_set()) and (
+                        events := await take_handoff(hub, subscription_id, waiter)
+                    ):
                         handed_all = len(events) < min(waiter.demand, MAX_BATCH_SIZE)
                         self._took(
                             subscription_id, events, held, loop.time() + window.lease_seconds, handed=True
@@ -708,21 +736,33 @@ async def wait_for(event: asyncio.Event, seconds: float) -> bool:
     return True
 
 
-async def park(waiter: Waiter, seconds: float) -> bool:
-    """wait_for on the waiter's event, parked meanwhile: a publish here may reserve it (WakeHub.reserve)."""
-    waiter.parked = True
+async def park(hub: WakeHub, subscription_id: str, waiter: Waiter, seconds: float) -> bool:
+    """wait_for on the waiter's event, parked meanwhile: a publish here (WakeHub.reserve) or in a
+    sibling worker (WakeHub.parking) may lease messages for it."""
+    hub.parking(subscription_id, waiter)
     try:
         return await wait_for(waiter.event, seconds)
     finally:
-        waiter.parked = False
+        hub.unparking(subscription_id, waiter)
 
 
-async def take_handoff(waiter: Waiter) -> list[tuple[UUID, str]]:
-    """What a publish here leased for the waiter while it was parked, once committed (none: [])."""
+async def take_handoff(hub: WakeHub, subscription_id: str, waiter: Waiter) -> list[tuple[UUID, str]]:
+    """What a publish leased for the waiter while it was parked, once committed (none: []).
+
+    A publish here and one in a sibling worker may both have: it takes both,
+    up to its demand, and the leases of the rest end at once (hub.on_abandoned).
+    """
     if waiter.handoff is None:
         return []
     events = await asyncio.shield(waiter.handoff)
     waiter.handoff = None
+    if waiter.extra:
+        events, waiter.extra = events + waiter.extra, []
+        room = max(waiter.demand, 0)
+        if len(events) > room:
+            events, surplus = events[:room], events[room:]
+            if hub.on_abandoned is not None:
+                hub.on_abandoned(subscription_id, surplus)
     return events
 
 

@@ -114,6 +114,18 @@ class SiblingRelay:
         self.sent += len(reached)
         return reached
 
+    def send_to(self, peer: int, payload: str) -> bool:
+        """Put `payload` in one sibling's queue now; whether it took it."""
+        if self._socket is None or peer == self.siblings.me:
+            return False
+        try:
+            self._socket.sendto(payload.encode(), address(self.siblings.group, peer))
+        except OSError:  # gone, or its queue is full
+            self.missed += 1
+            return False
+        self.sent += 1
+        return True
+
     def _readable(self) -> None:
         assert self._socket is not None
         for _ in range(MAX_READ_PER_TURN):

@@ -40,6 +40,15 @@ Where the news comes from:
 
 Full streams are waiters with no demand: they wake when this process settles
 one of their messages, or when another process says `settled:<subscription>`.
+
+Hand-offs between the workers of one server: a worker whose consumers of a
+subscription have one parked tells its siblings so by datagram (`!park`,
+with that consumer and its demand; `!unpark` when none is left). A sibling's
+publish that feeds the subscription may then lease messages for that consumer
+in its own transaction, as it does for its own parked consumers, and send
+them over (`!handed`): the consumer answers without a look of its own. What
+finds no parked consumer of that name on arrival (it was woken meanwhile, or
+has gone), and what could not be sent, is given back at once (its leases end).
 """
 
 from __future__ import annotations
@@ -54,8 +63,10 @@ import secrets
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from uuid import UUID
 
+import orjson
+
 from fastpubsub.api.metrics import WAKEUP_NOTICES
-from fastpubsub.api.siblings import SiblingRelay, Siblings
+from fastpubsub.api.siblings import MAX_DATAGRAM_BYTES, SiblingRelay, Siblings
 from fastpubsub.db import Database, NotificationListener
 from fastpubsub.db.listener import NotificationSender
 from fastpubsub.exceptions import FastPubSubError
@@ -109,6 +120,13 @@ MAX_ECHO_SENDERS = 256
 MAX_ECHOES = 1000
 # The mark of news sent to the workers of this server only: no copy follows.
 DIRECT = "/direct"
+# Datagrams of hand-offs between siblings (see the module docstring):
+# `!park <pid> <demand> <subscription> <consumer>`, `!unpark <pid> <subscription>`,
+# `!handed <subscription> <consumer>` and, on the next line, the messages as a
+# JSON array of [id, JSON text] pairs.
+PARK = "!park"
+UNPARK = "!unpark"
+HANDED = "!handed"
 
 
 # The hubs of the applications running in this process: the worker tells them
@@ -130,6 +148,7 @@ class Waiter:
         "consumer",
         "demand",
         "event",
+        "extra",
         "handoff",
         "handoff_mark",
         "held",
@@ -161,6 +180,9 @@ class Waiter:
         self.handoff: asyncio.Future[list[tuple[UUID, str]]] | None = None
         self.handoff_mark = 0  # its queue's news count when it was reserved
         self.missed = False  # a long-poll passed over for news while reserved (WakeHub.wake)
+        # What a sibling's publish leased for it while a publish here was doing so too:
+        # taken with that hand-off (delivery.take_handoff), up to its demand.
+        self.extra: list[tuple[UUID, str]] = []
 
     def looking(self) -> None:
         """It is about to look: the wake-up, and the news it was owed, are taken."""
@@ -170,6 +192,7 @@ class Waiter:
 
 class _Queue:
     __slots__ = (
+        "advertised",
         "due_handle",
         "empty_at",
         "empty_until",
@@ -196,6 +219,8 @@ class _Queue:
         self.empty_at = -1
         self.empty_until = 0.0  # loop time
         self.looked_at = -math.inf  # loop time a stream's look last began
+        # The parked consumer the siblings were told of (`!park`), if any.
+        self.advertised: Waiter | None = None
 
 
 class WakeHub:
@@ -242,6 +267,11 @@ class WakeHub:
         self.sibling_only_sends = 0
         self.wakeups = 0
         self.handoffs = 0  # consumers given what a publish here leased for them
+        # Consumers parked in the sibling workers, as they said (`!park`): subscription ->
+        # {worker pid: (consumer, demand)}; a publish here may lease messages for them.
+        self._sibling_parked: dict[str, dict[int, tuple[str, int]]] = {}
+        self.sibling_handoffs_sent = 0  # for the tests: messages leased here for a sibling's consumer
+        self.sibling_handoffs_taken = 0  # and those a sibling leased for a consumer here, taken
         # Called with what a publish leased for a waiter that had gone by then
         # (set by Delivery, which gives those leases up).
         self.on_abandoned: Callable[[str, list[tuple[UUID, str]]], None] | None = None
@@ -317,6 +347,8 @@ class WakeHub:
                 # Reserved, and gone without what the publish leases for it: the
                 # leases are given up once it has committed (on_abandoned).
                 waiter.handoff.add_done_callback(functools.partial(self._abandoned, subscription_id))
+            if waiter.extra and self.on_abandoned is not None:
+                self.on_abandoned(subscription_id, waiter.extra)
             # Woken for messages it will not look at now (its client left): the
             # next waiter here looks instead, or the other processes do.
             if waiter.owed and not self.stopping.is_set() and self.wake(subscription_id, None) > 0:
@@ -474,6 +506,7 @@ class WakeHub:
         handoff.set_result(events)
         if events:
             self.handoffs += 1
+        if events or waiter.extra:  # (extra: what a sibling handed it meanwhile)
             waiter.event.set()
             return
         waiter.handoff = None  # back to waiting, as if never reserved
@@ -482,6 +515,109 @@ class WakeHub:
             waiter.event.set()
             waiter.owed = True
             waiter.baton = True
+
+    # -- hand-offs between sibling workers -----------------------------------------------------
+
+    def parking(self, subscription_id: str, waiter: Waiter) -> None:
+        """`waiter` parks: the siblings hear of the subscription's first parked consumer."""
+        waiter.parked = True
+        queue = self._queues.get(subscription_id)
+        if (
+            queue is not None
+            and queue.advertised is None
+            and waiter.consumer is not None
+            and waiter.demand > 0
+        ):
+            self._advertise(subscription_id, queue, waiter)
+
+    def unparking(self, subscription_id: str, waiter: Waiter) -> None:
+        """`waiter` stops waiting: if the siblings were told of it, they hear of another, or of none."""
+        waiter.parked = False
+        queue = self._queues.get(subscription_id)
+        if queue is None or queue.advertised is not waiter:
+            return
+        queue.advertised = None
+        for other in queue.waiters:
+            if other.parked and other.consumer is not None and other.demand > 0 and other is not waiter:
+                self._advertise(subscription_id, queue, other)
+                return
+        if self.relay is not None and self.siblings is not None:
+            self.relay.send(f"{UNPARK} {self.siblings.me} {subscription_id}")
+
+    def _advertise(self, subscription_id: str, queue: _Queue, waiter: Waiter) -> None:
+        if self.relay is None or self.siblings is None or self.stopping.is_set():
+            return
+        queue.advertised = waiter
+        self.relay.send(f"{PARK} {self.siblings.me} {waiter.demand} {subscription_id} {waiter.consumer}")
+
+    def reserve_sibling(self, subscription_id: str) -> tuple[int, str, int] | None:
+        """A consumer parked in a sibling on `subscription_id`: (worker pid, consumer, demand).
+
+        Taken from what the siblings said: no other publish here leases for it
+        until its worker says again that it is parked.
+        """
+        parked = self._sibling_parked.get(subscription_id)
+        if not parked or self.stopping.is_set():
+            return None
+        pid, (consumer, demand) = next(iter(parked.items()))
+        del parked[pid]
+        if not parked:
+            del self._sibling_parked[subscription_id]
+        return pid, consumer, demand
+
+    def hand_to_sibling(
+        self, pid: int, subscription_id: str, consumer: str, events: list[tuple[UUID, str]]
+    ) -> bool:
+        """Send what a publish here leased for a consumer parked in worker `pid`; whether it went."""
+        if self.relay is None:
+            return False
+        pairs = orjson.dumps([[str(message_id), data] for message_id, data in events]).decode()
+        payload = f"{HANDED} {subscription_id} {consumer}\n{pairs}"
+        if len(payload.encode()) > MAX_DATAGRAM_BYTES or not self.relay.send_to(pid, payload):
+            return False
+        self.sibling_handoffs_sent += len(events)
+        return True
+
+    def _sibling_handoff(self, payload: str) -> None:
+        """A sibling's `!park`, `!unpark` or `!handed` (see the module docstring)."""
+        head, _, rest = payload.partition("\n")
+        kind, _, words = head.partition(" ")
+        if kind == PARK:
+            pid, demand, subscription_id, consumer = words.split(" ", 3)
+            self._sibling_parked.setdefault(subscription_id, {})[int(pid)] = (consumer, int(demand))
+        elif kind == UNPARK:
+            pid, subscription_id = words.split(" ", 1)
+            parked = self._sibling_parked.get(subscription_id)
+            if parked is not None:
+                parked.pop(int(pid), None)
+                if not parked:
+                    del self._sibling_parked[subscription_id]
+        elif kind == HANDED:
+            subscription_id, consumer = words.split(" ", 1)
+            events = [(UUID(message_id), data) for message_id, data in orjson.loads(rest)]
+            self._take_from_sibling(subscription_id, consumer, events)
+
+    def _take_from_sibling(self, subscription_id: str, consumer: str, events: list[tuple[UUID, str]]) -> None:
+        """Messages a sibling leased for `consumer`: to a consumer of that name parked here, or given back."""
+        queue = self._queues.get(subscription_id)
+        if queue is not None and not self.stopping.is_set():
+            for waiter in queue.waiters:
+                if not (waiter.parked and waiter.consumer == consumer and waiter.demand >= len(events)):
+                    continue
+                if waiter.handoff is None:
+                    handoff: asyncio.Future[list[tuple[UUID, str]]] = (
+                        asyncio.get_running_loop().create_future()
+                    )
+                    handoff.set_result(events)
+                    waiter.handoff = handoff
+                    waiter.handoff_mark = -1  # news unknown here: a stream looks again after it
+                    waiter.event.set()
+                else:  # a publish here is handing it messages too: it takes both (up to its demand)
+                    waiter.extra.extend(events)
+                self.sibling_handoffs_taken += len(events)
+                return
+        if self.on_abandoned is not None:
+            self.on_abandoned(subscription_id, events)
 
     def _abandoned(self, subscription_id: str, handoff: asyncio.Future[list[tuple[UUID, str]]]) -> None:
         if not handoff.cancelled() and handoff.result() and self.on_abandoned is not None:
@@ -643,7 +779,10 @@ class WakeHub:
     # -- what the other processes say -------------------------------------------------------
 
     def _heard_from_sibling(self, payload: str) -> None:
-        self.heard(payload, sibling=True)
+        if payload.startswith("!"):
+            self._sibling_handoff(payload)
+        else:
+            self.heard(payload, sibling=True)
 
     def heard(self, payload: str, *, sibling: bool = False) -> None:
         """A notification, or (`sibling`) a worker's datagram: `[@sender[:n]] name[=count] ...` or `*`."""

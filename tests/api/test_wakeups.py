@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 
 import httpx
@@ -559,6 +561,9 @@ async def test_news_only_a_sibling_worker_needs_goes_to_it_directly_and_costs_no
     assert hub.sibling_only_sends == direct + 1
     assert hub.notifications_sent == sent  # b was the only one waiting: PostgreSQL was not involved
     # News for the siblings alone has no copy to wait for: b keeps no record of it.
+    # (Without hand-offs: a now knows the topic's routes, and would lease b's
+    # parked consumers the messages instead of telling b of them.)
+    a.app.state.delivery.handoff = False  # type: ignore[attr-defined]
     for n in range(2, 12):
         poll = long_poll(b, "far0")
         await settle_waiters(b, 1)
@@ -606,3 +611,109 @@ async def test_news_a_sibling_hears_both_directly_and_by_notification_wakes_it_o
     assert [m["payload"] for m in only] == [{"n": 1}]
     for task in [*polls, elsewhere]:
         task.cancel()
+
+
+async def _parked_in(api: httpx.AsyncClient, consumer: str) -> None:
+    """Until a long-poll of `consumer` on s is parked in `api`'s process."""
+    queue_of = api.app.state.hub._queues.get  # type: ignore[attr-defined]
+    for _ in range(200):
+        queue = queue_of("s")
+        if queue is not None and any(w.parked and w.consumer == consumer for w in queue.waiters):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{consumer} did not park")
+
+
+@linux_only
+async def test_a_sibling_publish_hands_its_messages_to_a_consumer_parked_in_the_other_worker(
+    make_api: ClientFactory, as_worker: Callable[[int], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """b's parked consumer is leased a's messages in a's publish, and answers without a look of its own."""
+    a, b, (poll,) = await sibling_waiting(make_api, as_worker, monkeypatch)
+    hub, far_hub = a.app.state.hub, b.app.state.hub  # type: ignore[attr-defined]
+    far_looks = b.app.state.delivery.consumes  # type: ignore[attr-defined]
+    await a.post("/topics/t/messages", json=[{"n": 1}])  # news: a learns the topic's routes
+    (message,) = await asyncio.wait_for(poll, 5)
+    assert message["payload"] == {"n": 1}
+    assert (await b.post("/subscriptions/s/acks", json=[message["id"]])).status_code == 204
+    for n in range(2, 7):
+        poll = long_poll(b, "far0")
+        await _parked_in(b, "far0")
+        for _ in range(100):  # b's datagram saying so has reached a
+            if hub._sibling_parked.get("s"):
+                break
+            await asyncio.sleep(0.01)
+        looks, sent, taken = far_looks.requests, hub.sibling_handoffs_sent, far_hub.sibling_handoffs_taken
+        await a.post("/topics/t/messages", json=[{"n": n}])
+        (message,) = await asyncio.wait_for(poll, 5)
+        assert message["payload"] == {"n": n}
+        assert (hub.sibling_handoffs_sent, far_hub.sibling_handoffs_taken) == (sent + 1, taken + 1)
+        assert far_looks.requests == looks  # b leased nothing itself
+        ack = await b.post("/subscriptions/s/acks", json=[message["id"]])
+        assert ack.status_code == 204
+    metrics = (await a.get("/subscriptions/s/metrics")).json()
+    assert (metrics["acked"], metrics["available"], metrics["delivered"]) == (6, 0, 0)
+
+
+@linux_only
+@pytest.mark.parametrize("why", ["no-such-consumer-there", "worker-gone"])
+async def test_messages_leased_for_a_sibling_that_cannot_take_them_are_deliverable_at_once(
+    make_api: ClientFactory, as_worker: Callable[[int], None], monkeypatch: pytest.MonkeyPatch, why: str
+) -> None:
+    """A consumer the sibling said was parked has gone by the time the messages arrive (or the
+    sibling itself has): the leases end at once, not at the ack deadline, and the messages go
+    to the next consumer."""
+    a, b, (poll,) = await sibling_waiting(make_api, as_worker, monkeypatch)
+    hub = a.app.state.hub  # type: ignore[attr-defined]
+    await a.post("/topics/t/messages", json=[{"n": 0}])  # a learns the topic's routes
+    (first,) = await asyncio.wait_for(poll, 5)
+    assert (await b.post("/subscriptions/s/acks", json=[first["id"]])).status_code == 204
+    # What a would hear from b a moment before b's consumer went (or from a worker since gone).
+    pid = b.app.state.hub.siblings.me if why == "no-such-consumer-there" else 999_999  # type: ignore[attr-defined]
+    hub._sibling_parked["s"] = {pid: ("gone", 10)}
+    given_back = b.app.state.hub if why == "no-such-consumer-there" else hub  # type: ignore[attr-defined]
+    taken = given_back.sibling_handoffs_taken
+    await a.post("/topics/t/messages", json=[{"n": 1}])
+    for _ in range(100):  # the leases are given back
+        metrics = (await a.get("/subscriptions/s/metrics")).json()
+        if metrics["available"] == 1:
+            break
+        await asyncio.sleep(0.02)
+    assert (metrics["available"], metrics["delivered"]) == (1, 0)
+    assert given_back.sibling_handoffs_taken == taken  # nobody took them
+    answer = await b.get("/subscriptions/s/messages", params={"consumer_id": "next", "batch_size": 10})
+    (message,) = answer.json()["data"]
+    assert message["payload"] == {"n": 1}
+
+
+@pytest.mark.parametrize("batch_size", [10, 1])
+async def test_a_consumer_handed_messages_here_and_by_a_sibling_at_once_takes_both_up_to_its_batch(
+    api: httpx.AsyncClient, batch_size: int
+) -> None:
+    """A publish here reserved the parked consumer while a sibling's publish leased it messages
+    too: the answer carries both, and what its batch has no room for is given back at once."""
+    await setup(api)
+    hub = api.app.state.hub  # type: ignore[attr-defined]
+    given_back: list[tuple[str, list[tuple[object, str]]]] = []
+    hub.on_abandoned = lambda subscription, events: given_back.append((subscription, events))
+    answer = asyncio.create_task(
+        api.get(
+            "/subscriptions/s/messages",
+            params={"consumer_id": "c", "batch_size": batch_size, "wait_seconds": 10},
+        )
+    )
+    await _parked_in(api, "c")
+    waiter = hub.reserve("s")  # this process's publish, under way
+    assert waiter is not None
+    sibling = (uuid.uuid4(), '{"from": "sibling"}')
+    hub._sibling_handoff(f"{wakeups.HANDED} s c\n" + json.dumps([[str(sibling[0]), sibling[1]]]))
+    assert given_back == []  # not given back: it waits for this process's hand-off
+    here = (uuid.uuid4(), '{"from": "here"}')
+    hub.hand_over(waiter, [here])
+    data = (await asyncio.wait_for(answer, 5)).json()["data"]
+    if batch_size == 10:
+        assert data == [{"from": "here"}, {"from": "sibling"}]
+        assert given_back == []
+    else:
+        assert data == [{"from": "here"}]
+        assert given_back == [("s", [sibling])]
