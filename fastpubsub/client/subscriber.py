@@ -282,9 +282,14 @@ class Consumer:
             raise
         except Exception as exc:
             log.error("consuming %s stopped: %s", self.subscription_id, exc)
+            self._stop_with(exc)
+
+    def _stop_with(self, exc: BaseException) -> None:
+        """Stop consuming, gracefully; `exc` is what run() and wait() raise."""
+        if self.error is None:
             self.error = exc
-            if self._shutdown is None:
-                self._shutdown = asyncio.get_running_loop().create_task(self._close(self.shutdown_timeout))
+        if self._shutdown is None:
+            self._shutdown = asyncio.get_running_loop().create_task(self._close(self.shutdown_timeout))
 
     def _deliver(self, message: MessageOut, size: int) -> None:
         now = asyncio.get_running_loop().time()
@@ -314,12 +319,20 @@ class Consumer:
                 else:
                     loop = asyncio.get_running_loop()
                     await loop.run_in_executor(self._executor, self.callback, held.message)
-            except Exception:
+            except (
+                Exception,
+                SystemExit,
+                KeyboardInterrupt,
+            ) as exc:  # not CancelledError: close() gave it back
                 self.stats.callback_errors += 1
                 log.exception(
                     "the callback failed on message %s of %s", held.message.id, self.subscription_id
                 )
                 outcome = None if self.on_error == "lapse" else self.on_error
+                if not isinstance(exc, Exception):
+                    # sys.exit() or Ctrl+C in the callback: this consumer stops (its message settled
+                    # as on_error says, the others finished or given back) and run() raises it.
+                    self._stop_with(exc)
         if self._held.get(held.message.id) is not held:
             return  # given back by close() while the callback ran
         self._forget(held)

@@ -385,6 +385,34 @@ def test_a_deleted_subscription_stops_the_consumer_with_the_error(server: Server
             subscriber.run(handle_signals=False)
 
 
+@pytest.mark.parametrize("stop", [SystemExit, KeyboardInterrupt], ids=["sys.exit", "ctrl-c"])
+@pytest.mark.parametrize("is_async", [False, True], ids=["thread", "async"])
+def test_a_callback_that_exits_stops_its_consumer_and_run_raises_it(
+    server: Server, stop: type[BaseException], is_async: bool
+) -> None:
+    """The message it had is nacked, the client stays usable, run() raises what the callback did."""
+    with Client(server.url) as client:
+        client.create_topic("t")
+        client.create_subscription("s", "t", backoff_min_seconds=0, backoff_max_seconds=0)
+        publish(client, "t", 1)
+
+        def exits(message: MessageOut) -> None:
+            raise stop
+
+        async def exits_async(message: MessageOut) -> None:
+            raise stop
+
+        subscriber = Subscriber(client)
+        consumer = subscriber.subscribe("s", exits_async if is_async else exits, concurrency=1)
+        with pytest.raises(stop):
+            subscriber.run(handle_signals=False)
+        assert consumer.finished
+        assert (consumer.stats.callback_errors, consumer.stats.nacked) == (1, 1)
+        metrics = client.metrics("s")  # the client still answers
+        assert (metrics.acked, metrics.delivered, metrics.available) == (0, 0, 1)
+        subscriber.close()
+
+
 def start_subscriber_process(server: Server, out: Path, seconds: float) -> subprocess.Popen[str]:
     process = subprocess.Popen(
         [sys.executable, "-m", "tests.client.subscriber_process", server.url, "s", str(out), str(seconds)],
