@@ -270,6 +270,16 @@ class WebSocketTransport(HttpSettlement):
         self._socket: Any = None  # a websockets ClientConnection while connected
         self._answers: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._next_id = 0
+        self._taken = False  # by a consumer: the socket and its answers are that consumer's
+
+    def take(self) -> None:
+        """Given to a consumer (subscribe()); one transport serves one consumer."""
+        if self._taken:
+            raise ValueError(
+                "this WebSocketTransport already serves a consumer: make one per subscribe() "
+                '(or pass transport="websocket")'
+            )
+        self._taken = True
 
     async def receive(self, session: Session) -> None:
         from websockets.asyncio.client import connect
@@ -410,4 +420,6 @@ def make_transport(kind: Literal["stream", "poll", "websocket"] | Transport) -> 
         return WebSocketTransport()
     if isinstance(kind, str):
         raise ValueError(f'transport must be "stream", "poll", "websocket" or a Transport, not "{kind}"')
+    if isinstance(kind, WebSocketTransport):
+        kind.take()
     return kind

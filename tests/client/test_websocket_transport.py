@@ -167,3 +167,21 @@ def test_acks_refused_for_an_outage_go_over_http_with_its_retries(
             runner.join(30)
     assert handled == Counter(range(5))  # each once
     assert consumer.stats.settle_errors == 0
+
+
+def test_one_websocket_transport_serves_one_consumer(server: Server) -> None:
+    """Its socket and answers are one consumer's: a second subscribe() with it is refused, and the
+    first consumer goes on acking on its own socket."""
+    from fastpubsub.client import WebSocketTransport
+
+    with Client(server.url) as client, Subscriber(client) as subscriber:
+        client.create_topic("t")
+        client.create_subscription("s", "t")
+        client.create_subscription("other", "t")
+        transport = WebSocketTransport()
+        first = subscriber.subscribe("s", lambda message: None, transport=transport)
+        with pytest.raises(ValueError, match="already serves a consumer"):
+            subscriber.subscribe("other", lambda message: None, transport=transport)
+        publish(client, "t", 20)
+        wait_until(lambda: settled_everything(client, "s", 20), 30, "s acked")
+        assert first.stats.acked == 20
