@@ -123,7 +123,8 @@ class Settings(BaseSettings):
     publish_handoff: bool = Field(
         default=True,
         description="A publish leases its messages, in its own transaction, for a consumer waiting in the "
-        "same server process, which answers without a look of its own",
+        "same server process (or, with the worker relay, in another worker of the server), which answers "
+        "without a look of its own",
     )
     console_enabled: bool = Field(default=True, description="Serve the web console under /console")
     console_sample_seconds: float = Field(
