@@ -41,6 +41,8 @@ logger = logging.getLogger("fastpubsub.server")
 PR_SET_PDEATHSIG = 1  # prctl(2)
 
 YIELD_SECONDS = 0.002
+# At shutdown, how long streams, long-polls and WebSockets get to end on their own first.
+STOPPING_SECONDS = 0.05
 MAX_YIELDS = 5
 SLOTS = 128  # workers beyond this many accept freely
 
@@ -217,6 +219,9 @@ class SharingServer(Server):
         # Long-polls answer with what they have and streams end now, so that the
         # connections close; requests in flight get timeout_graceful_shutdown.
         begin_stopping_everywhere()
+        # A few turns of the loop: WebSockets close themselves, saying the server is stopping
+        # (1001), before uvicorn closes whatever is left (1012).
+        await asyncio.sleep(STOPPING_SECONDS)
         loop = asyncio.get_running_loop()
         for handle in self._rearm.values():
             handle.cancel()

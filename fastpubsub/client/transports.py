@@ -248,6 +248,9 @@ _FINAL_CLOSES: dict[int, type[errors.APIError]] = {
 }
 # How long an in-band settlement may wait for its answer before it goes over HTTP instead.
 SOCKET_ANSWER_SECONDS = 30.0
+# How often an open socket asks the credentials for the current token: once they have renewed
+# it (before it expires), an `auth` frame gives the server the new one, which keeps the socket.
+TOKEN_CHECK_SECONDS = 10.0
 
 
 class WebSocketTransport(HttpSettlement):
@@ -264,6 +267,9 @@ class WebSocketTransport(HttpSettlement):
     which is safe: a receipt settles its lease once. The socket
     is opened again whenever it closes, except for a close that says trying
     again cannot help (no valid token, a scope missing, no such subscription).
+    The token the socket was opened with is replaced on it (an `auth` frame)
+    when the client's credentials renew it; a socket closed for its token
+    anyway (revoked) is opened once more with a new one before that counts.
     """
 
     def __init__(self) -> None:
@@ -286,10 +292,13 @@ class WebSocketTransport(HttpSettlement):
         from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
         failures = 0
+        renewed = False  # a token refused on the socket was replaced once already
         window = min(session.flow.max_messages, MAX_STREAM_IN_FLIGHT)
         while True:
             await session.flow.wait_for_room()
             restore: asyncio.Task[None] | None = None
+            renewing: asyncio.Task[None] | None = None
+            token: str | None = None
             try:
                 token = await session.client.access_token()
                 headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -297,8 +306,10 @@ class WebSocketTransport(HttpSettlement):
                     _socket_url(session, window), additional_headers=headers, proxy=None, open_timeout=30
                 ) as socket:
                     self._socket = socket
+                    if token is not None:
+                        renewing = asyncio.create_task(self._renew(session, socket, token))
                     async for raw in socket:
-                        failures = 0
+                        failures, renewed = 0, False
                         self._received(session, raw)
                         flow = session.flow
                         if (
@@ -312,6 +323,12 @@ class WebSocketTransport(HttpSettlement):
                 raise StreamEndedError("the server closed the socket")
             except ConnectionClosed as exc:
                 code = exc.rcvd.code if exc.rcvd is not None else None
+                credentials = session.client.connection.credentials
+                if code == 4401 and token is not None and not renewed and credentials.renewable:
+                    # Expired early or revoked (the client was updated): one new token, then give up.
+                    credentials.forget(token)
+                    renewed = True
+                    continue
                 if code in _FINAL_CLOSES:
                     # 4404 stands for HTTP's 404: `.status` is the HTTP status, as for every APIError.
                     reason = exc.rcvd.reason if exc.rcvd else None
@@ -324,11 +341,27 @@ class WebSocketTransport(HttpSettlement):
             finally:
                 if restore is not None:
                     restore.cancel()
+                if renewing is not None:
+                    renewing.cancel()
                 self._socket = None
                 for answer in self._answers.values():
                     if not answer.done():
                         answer.set_exception(StreamEndedError("the socket closed"))
                 self._answers.clear()
+
+    @staticmethod
+    async def _renew(session: Session, socket: Any, token: str) -> None:
+        """While the socket is open: each token the credentials renew goes to the server on it."""
+        while True:
+            await asyncio.sleep(TOKEN_CHECK_SECONDS)
+            try:
+                current = await session.client.access_token()
+            except Exception as exc:  # the token endpoint is away: asked again next time
+                log.debug("renewing the socket's token: %s", exc)
+                continue
+            if current is not None and current != token:
+                await socket.send(jsoncodec.dumps_text({"type": "auth", "token": current}))
+                token = current
 
     @staticmethod
     async def _restore(session: Session, socket: Any, window: int) -> None:

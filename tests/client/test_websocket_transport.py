@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -16,7 +17,7 @@ from fastpubsub.client import Client, MessageOut, NotFoundError, PermissionDenie
 from fastpubsub.embedded import EmbeddedPostgres
 from tests.client.test_auth import new_client, secured  # noqa: F401 - secured is a fixture
 from tests.client.test_subscriber import Concurrency, publish, settled_everything, wait_until
-from tests.e2e.conftest import Server, base_env, migrated
+from tests.e2e.conftest import Server, base_env, cli, migrated
 
 
 def http_calls(server: Server, path: str) -> int:
@@ -185,3 +186,63 @@ def test_one_websocket_transport_serves_one_consumer(server: Server) -> None:
         publish(client, "t", 20)
         wait_until(lambda: settled_everything(client, "s", 20), 30, "s acked")
         assert first.stats.acked == 20
+
+
+def test_a_socket_whose_token_was_revoked_opens_again_with_a_new_one(secured: Server) -> None:  # noqa: F811
+    """The client was updated (its earlier tokens revoked): the server closes the socket (4401),
+    and the consumer fetches a new token and goes on, losing nothing."""
+    client_id, secret = new_client(secured, "*")
+    with (
+        Client(secured.url, client_id=client_id, client_secret=secret) as client,
+        Subscriber(client) as subscriber,
+    ):
+        client.create_topic("t")
+        client.create_subscription("s", "t")
+        consumer = subscriber.subscribe("s", lambda message: None, transport="websocket")
+        publish(client, "t", 5)
+        wait_until(lambda: settled_everything(client, "s", 5), 30, "the first 5 acked")
+        fetched = client.aio.connection.credentials.fetched
+        cli(secured.env, "update-client", client_id, "--name", "renamed")  # revokes its tokens
+        wait_until(lambda: client.aio.connection.credentials.fetched > fetched, 30, "a new token")
+        publish(client, "t", 5)
+        wait_until(lambda: settled_everything(client, "s", 10), 30, "all 10 acked")
+        assert not consumer.finished
+        assert consumer.error is None
+        assert consumer.stats.acked == 10
+
+
+async def test_an_open_socket_sends_the_token_the_credentials_renew() -> None:
+    """Every token the credentials hand out after the socket opened goes to the server on it, once."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from fastpubsub.client import transports
+
+    tokens = iter(["first", "first", "second", "second", "third"])
+
+    class Socket:
+        def __init__(self) -> None:
+            self.sent: list[str] = []
+
+        async def send(self, text: str) -> None:
+            self.sent.append(text)
+
+    async def access_token() -> str:
+        return next(tokens)
+
+    socket = Socket()
+    session = SimpleNamespace(client=SimpleNamespace(access_token=access_token))
+    original, transports.TOKEN_CHECK_SECONDS = transports.TOKEN_CHECK_SECONDS, 0.01
+    try:
+        renewing = asyncio.create_task(transports.WebSocketTransport._renew(session, socket, "first"))  # type: ignore[arg-type]
+        for _ in range(200):
+            if len(socket.sent) == 2:
+                break
+            await asyncio.sleep(0.01)
+        renewing.cancel()
+    finally:
+        transports.TOKEN_CHECK_SECONDS = original
+    assert [json.loads(text) for text in socket.sent] == [
+        {"type": "auth", "token": "second"},
+        {"type": "auth", "token": "third"},
+    ]

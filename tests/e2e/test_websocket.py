@@ -332,3 +332,64 @@ async def test_sockets_are_authenticated_like_the_rest_of_the_api(
 def metrics_with(server: Server, headers: dict[str, str]) -> dict[str, Any]:
     with server.client(headers=headers) as http:
         return dict(http.get("/subscriptions/s/metrics").json())
+
+
+async def pinging(ws: ClientConnection, times: int) -> None:
+    """Ping and read the answer, `times` times, a quarter of a second apart."""
+    for _ in range(times):
+        await ws.send(json.dumps({"type": "ping"}))
+        await frame(ws)
+        await asyncio.sleep(0.25)
+
+
+async def test_a_socket_closes_once_its_client_is_disabled(
+    database_url: str, run_server: Callable[..., Server]
+) -> None:
+    """As HTTP refuses a revoked token within seconds, an open socket carrying it is closed (4401):
+    it neither receives nor publishes any more."""
+    key = re.search(r"^new_secret=(\S+)$", cli(base_env(database_url), "generate-secret-key"), re.M)
+    assert key is not None
+    env = base_env(database_url, auth_enabled="true", auth_secret_key=key.group(1))
+    server = run_server(env)
+    values = dict(line.split("=", 1) for line in cli(env, "create-client", "ws", "*", "true").split())
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
+        answer = await http.post(
+            "/oauth/token", json={"client_id": values["client_id"], "client_secret": values["client_secret"]}
+        )
+        headers = {"Authorization": f"Bearer {answer.json()['access_token']}"}
+        await http.post("/topics", json={"id": "t"}, headers=headers)
+    async with open_socket(server, "/ws", additional_headers=headers) as ws:
+        await ws.send(json.dumps({"type": "publish", "id": 1, "topic": "t", "data": {"n": 1}}))
+        assert (await frame(ws))["type"] == "published"
+        cli(env, "update-client", values["client_id"], "--inactive")
+        with pytest.raises(ConnectionClosed) as closed:
+            await pinging(ws, times=60)  # bounded: it closes within a few seconds
+    assert closed.value.rcvd is not None
+    assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (4401, "the access token has been revoked")
+
+
+async def test_a_frame_over_a_mebibyte_in_utf8_closes_the_socket(server: Server) -> None:
+    """The limit counts bytes: 700,000 two-byte characters are 1.4 MB."""
+    setup(server)
+    async with open_socket(server, "/ws") as ws:
+        await ws.send(json.dumps({"type": "ping", "pad": "é" * 700_000}, ensure_ascii=False))
+        with pytest.raises(ConnectionClosed) as closed:
+            await frame(ws)
+    assert closed.value.rcvd is not None
+    assert closed.value.rcvd.code == 1009
+
+
+async def test_a_server_stopping_closes_its_sockets_with_1001(
+    database_url: str, run_server: Callable[..., Server]
+) -> None:
+    import signal
+
+    server = run_server(base_env(database_url))
+    setup(server)
+    async with open_socket(server, "/subscriptions/s/ws") as ws:
+        assert (await frame(ws))["type"] == "subscribed"
+        server.process.send_signal(signal.SIGTERM)
+        with pytest.raises(ConnectionClosed) as closed:
+            await frame(ws, within=20)
+    assert closed.value.rcvd is not None
+    assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (1001, "the server is stopping")

@@ -17,7 +17,11 @@ through the group commit by lease receipt, making room at once. When the
 connection closes, its leases run out at their ack deadline, as a stream's.
 Authentication and scopes are those of the REST API: a bearer token in the
 Authorization header, or (for browsers, which cannot set it) in an `auth`
-frame first.
+frame first. The token of an open socket is checked again every
+AUTH_RECHECK_SECONDS (each distinct token once, whatever the number of its
+sockets), as a request's would be: once it has expired, or its client has
+been disabled, changed or deleted, the socket closes with 4401 (an `auth`
+frame with a new token, sent before, keeps it open).
 """
 
 from __future__ import annotations
@@ -70,6 +74,9 @@ CLOSE_INVALID = 4422  # /subscriptions/{id}/ws with invalid query parameters
 
 # The first frame must authenticate within this long when the token is not in a header.
 AUTH_SECONDS = 10.0
+# An open socket's token is checked again this often (the client cache's own period: a
+# revoked token is refused by HTTP within about as long).
+AUTH_RECHECK_SECONDS = 2.0
 # Frames larger than this are refused (larger publishes go through HTTP).
 MAX_FRAME_BYTES = 1024 * 1024
 DEFAULT_MAX_IN_FLIGHT = 10
@@ -175,6 +182,8 @@ class Connection:
         self.streams: dict[str, tuple[asyncio.Task[None], Window]] = {}
         self._send = asyncio.Lock()
         self._consumer = f"ws-{secrets.token_hex(6)}"
+        self.authorization: str | None = None  # what authenticated it (auth on): checked again
+        self.revoked: str | None = None  # why its token no longer authenticates
 
     async def serve(self, subscribe: Subscribe | None) -> None:
         websocket = self.websocket
@@ -185,8 +194,11 @@ class Connection:
             return
         await websocket.accept()
         watch = asyncio.create_task(self._close_when_stopping())
+        tokens = _TokenWatch.of(self.state)
         try:
             await self._authenticate()
+            if self.state.settings.auth_enabled:
+                tokens.add(self)
             if subscribe is not None:
                 await self._subscribe_path(subscribe)
             while True:
@@ -204,6 +216,7 @@ class Connection:
             )
             await self._close(CLOSE_TRY_AGAIN if status == 503 else CLOSE_INTERNAL, exc.message)
         finally:
+            tokens.discard(self)
             watch.cancel()
             for task, _ in self.streams.values():
                 task.cancel()
@@ -218,7 +231,10 @@ class Connection:
         text = message.get("text")
         if text is None:
             raise _Closed(CLOSE_UNSUPPORTED, "frames are JSON text")
-        if len(text) > MAX_FRAME_BYTES:
+        # Counted in bytes (UTF-8), not characters; encoded only when it could matter.
+        if len(text) > MAX_FRAME_BYTES or (
+            len(text) * 4 > MAX_FRAME_BYTES and len(text.encode()) > MAX_FRAME_BYTES
+        ):
             raise _Closed(
                 CLOSE_TOO_BIG, f"frames are at most {MAX_FRAME_BYTES} bytes; publish more over HTTP"
             )
@@ -230,6 +246,7 @@ class Connection:
         try:
             if header is not None or not self.state.settings.auth_enabled:
                 self.principal = await authenticate(self.state, header)
+                self.authorization = header
                 return
             try:
                 async with asyncio.timeout(AUTH_SECONDS):
@@ -242,7 +259,8 @@ class Connection:
                 frame = None
             if not isinstance(frame, Auth):
                 raise AuthenticationError('the first frame must be {"type": "auth", "token": "..."}')
-            self.principal = await authenticate(self.state, f"Bearer {frame.token}")
+            self.authorization = f"Bearer {frame.token}"
+            self.principal = await authenticate(self.state, self.authorization)
             await self._answer(frame, {"type": "authenticated"})
         except (AuthenticationError, InvalidInputError) as exc:
             raise _Closed(CLOSE_UNAUTHENTICATED, exc.message) from None
@@ -263,6 +281,8 @@ class Connection:
             await self.send({"type": "error", "id": request_id, "status": 422, "detail": problems})
 
     async def _dispatch(self, frame: Frame) -> None:
+        if self.revoked is not None:
+            raise _Closed(CLOSE_UNAUTHENTICATED, self.revoked)
         principal = self.principal
         assert principal is not None
         if isinstance(frame, Ping):
@@ -272,6 +292,7 @@ class Connection:
                 self.principal = await authenticate(self.state, f"Bearer {frame.token}")
             except AuthenticationError as exc:
                 raise _Closed(CLOSE_UNAUTHENTICATED, exc.message) from None
+            self.authorization = f"Bearer {frame.token}"
             await self._answer(frame, {"type": "authenticated"})
         elif isinstance(frame, Subscribe):
             await self._subscribe(frame)
@@ -423,6 +444,59 @@ class Connection:
     async def _close_when_stopping(self) -> None:
         await self.delivery.hub.stopping.wait()
         await self._close(CLOSE_GOING_AWAY, "the server is stopping")
+
+    async def revoke(self, reason: str) -> None:
+        """Its token no longer authenticates: closed, saying why (4401); no frame is served meanwhile."""
+        self.revoked = reason
+        await self._close(CLOSE_UNAUTHENTICATED, reason)
+
+
+class _TokenWatch:
+    """The open sockets of an application by token; each token is checked again every AUTH_RECHECK_SECONDS."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+        self.sockets: dict[Connection, None] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    def of(cls, state: Any) -> _TokenWatch:
+        watch: _TokenWatch | None = getattr(state, "websocket_tokens", None)
+        if watch is None:
+            watch = state.websocket_tokens = cls(state)
+        return watch
+
+    def add(self, connection: Connection) -> None:
+        self.sockets[connection] = None
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="fastpubsub-ws-tokens")
+
+    def discard(self, connection: Connection) -> None:
+        self.sockets.pop(connection, None)
+
+    async def _run(self) -> None:
+        while self.sockets:
+            await asyncio.sleep(AUTH_RECHECK_SECONDS)
+            by_token: dict[str | None, list[Connection]] = {}
+            for connection in list(self.sockets):
+                by_token.setdefault(connection.authorization, []).append(connection)
+            for authorization, connections in by_token.items():
+                try:
+                    principal = await authenticate(self.state, authorization)
+                except AuthenticationError as exc:
+                    for connection in connections:
+                        self.discard(connection)
+                        closing = asyncio.create_task(connection.revoke(exc.message))
+                        self._closing.add(closing)
+                        closing.add_done_callback(self._closing.discard)
+                    continue
+                except FastPubSubError as exc:  # the database is away: checked again next round
+                    log.debug("checking websocket tokens: %s", one_line(exc))
+                    continue
+                for connection in connections:
+                    if connection.authorization == authorization:  # not changed by an auth frame meanwhile
+                        connection.principal = principal
 
 
 def _decode(text: str) -> Any:
