@@ -150,6 +150,11 @@ class AsyncClient(AsyncClosing):
     """
 
     def __init__(self, url: str, **options: Unpack[ClientOptions]) -> None:
+        scheme, separator, rest = url.partition("://")
+        if not separator or scheme.lower() not in ("http", "https") or not rest.strip("/"):
+            raise ValueError(
+                f"the server URL must start with http:// or https://, e.g. http://127.0.0.1:8000; not {url!r}"
+            )
         self.url = url.rstrip("/")
         client_id = options.get("client_id")
         self.credentials = Credentials(
@@ -217,14 +222,18 @@ class AsyncClient(AsyncClosing):
         (message_id,) = await self.publish_batch(topic_id, [envelope(payload, **options)])
         return message_id
 
-    async def publish_batch(self, topic_id: str, messages: Sequence[PublishMessage]) -> list[UUID]:
+    async def publish_batch(
+        self, topic_id: str, messages: Sequence[PublishMessage | Mapping[str, Any]]
+    ) -> list[UUID]:
         """Publish messages in one request, all or none; their ids in order.
 
         Retried on 503 and lost answers only when every message has an
         idempotency key (a repeat then returns the same ids).
         """
-        body = b'{"messages":[' + b",".join(encode(message) for message in messages) + b"]}"
-        keyed = all(message.idempotency_key is not None for message in messages)
+        # Envelopes as the HTTP API takes them ({"payload": ...} dicts) are read as PublishMessage.
+        read = [m if isinstance(m, PublishMessage) else PublishMessage.model_validate(m) for m in messages]
+        body = b'{"messages":[' + b",".join(encode(message) for message in read) + b"]}"
+        keyed = all(message.idempotency_key is not None for message in read)
         return await self.publish_encoded(topic_id, body, idempotent=keyed)
 
     async def publish_encoded(self, topic_id: str, body: bytes, *, idempotent: bool) -> list[UUID]:

@@ -43,6 +43,9 @@ class LoopThread:
                 "a blocking Client call from its own event loop would wait forever: "
                 "use AsyncClient in async code"
             )
+        if self.loop.is_closed() or not self._thread.is_alive():
+            coro.close()
+            raise RuntimeError("the client is closed: make a new Client")
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:

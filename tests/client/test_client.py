@@ -24,6 +24,7 @@ from fastpubsub.client import (
     MessageOut,
     MetricsOut,
     NotFoundError,
+    PublishMessage,
     ServerUnavailableError,
     SubscriptionOut,
     TopicOut,
@@ -328,3 +329,35 @@ def test_push_subscriptions_are_made_rotated_and_ended_with_the_sdk(
         assert client.update_subscription("s", push=None).push is None  # a pull subscription again
         with pytest.raises(InvalidInputError, match="not a push subscription"):
             client.rotate_push_secret("s")
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:8000", "localhost", "ftp://127.0.0.1:8000", "http://"])
+def test_a_server_url_that_is_not_http_is_refused_at_once(url: str) -> None:
+    for make in (Client, AsyncClient):
+        with pytest.raises(ValueError, match="must start with http:// or https://"):
+            make(url)
+
+
+def test_a_closed_client_says_so(server: Server) -> None:
+    client = Client(server.url)
+    client.close()
+    with pytest.raises(RuntimeError, match="the client is closed"):
+        client.list_topics()
+
+
+def test_publish_batch_takes_envelopes_as_the_http_api_does(server: Server) -> None:
+    with Client(server.url) as client:
+        client.create_topic("t")
+        client.create_subscription("s", "t")
+        ids = client.publish_batch(
+            "t",
+            [{"payload": {"n": 1}, "attributes": {"k": "v"}}, PublishMessage(payload={"n": 2}, priority=3)],
+        )
+        messages = client.pull("s", 10)
+        assert [m.id for m in sorted(messages, key=lambda m: m.payload["n"])] == ids
+        assert {m.payload["n"]: (m.attributes, m.priority) for m in messages} == {
+            1: ({"k": "v"}, 0),
+            2: (None, 3),
+        }
+        with pytest.raises(ValueError, match="payload"):
+            client.publish_batch("t", [{"body": {"n": 3}}])
