@@ -169,6 +169,22 @@ async def test_bad_frames_get_an_error_answer_and_the_socket_stays_open(server: 
             ('{"type": "publish", "topic": "t", "data": {"a": 1}, "messages": []}', 422, "not both"),
             ('{"type": "publish", "topic": "t", "messages": [{"payload": 5}]}', 422, "payload"),
             ('{"type": "ack", "receipts": ["r"]}', 422, "name the subscription"),
+            # What belongs to another settlement is refused, not ignored.
+            (
+                '{"type": "ack", "subscription": "s", "receipts": ["r"], "requeue": false}',
+                422,
+                "requeue is for nack",
+            ),
+            (
+                '{"type": "nack", "subscription": "s", "receipts": ["r"], "seconds": 5}',
+                422,
+                "seconds is for extend",
+            ),
+            (
+                '{"type": "extend", "subscription": "s", "receipts": ["r"], "seconds": 5, "requeue": true}',
+                422,
+                "requeue",
+            ),
             ('{"type": "unsubscribe", "subscription": "s"}', 422, "not subscribed"),
             # Nothing a frame holds may break the socket, nor reach a message changed.
             ("[" * 3000 + "]" * 3000, 422, "nested too deeply"),

@@ -390,6 +390,10 @@ class Connection:
         self.principal.require("subscriptions:consume", subscription_id)
         if frame.type == "extend" and frame.seconds is None:
             raise InvalidInputError("extend needs seconds (0 ends the leases)")
+        if frame.type != "extend" and frame.seconds is not None:
+            raise InvalidInputError(f"seconds is for extend, not {frame.type}")
+        if frame.type != "nack" and "requeue" in frame.model_fields_set:
+            raise InvalidInputError(f"requeue is for nack, not {frame.type}")
         result = await self.delivery.settle(
             subscription_id, frame.type, receipts=frame.receipts, seconds=frame.seconds, requeue=frame.requeue
         )
