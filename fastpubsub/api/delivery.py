@@ -189,7 +189,7 @@ class Delivery:
             results = await self.database.publish_batch(requests)
         else:
             handoffs = [(s, str(w.consumer), min(w.demand, MAX_BATCH_SIZE)) for s, w in reserved]
-            handoffs += [(s, consumer, min(demand, MAX_BATCH_SIZE)) for s, _, consumer, demand in siblings]
+            handoffs += [(s, consumer, min(demand, MAX_BATCH_SIZE)) for s, _, consumer, demand, _ in siblings]
             # One order of subscriptions for every batch's leases, in every worker.
             order = sorted(range(len(handoffs)), key=lambda index: handoffs[index][0])
             handed: list[tuple[list[tuple[UUID, str]], float | None]] = []
@@ -205,19 +205,22 @@ class Delivery:
             # The lease takes the oldest deliverable messages first: only those of
             # this publish need no wake-up (older ones had theirs).
             new = {message_id for ids, _, _ in results for message_id in ids}
-            for (subscription_id, pid, consumer, _), (events, _) in zip(
+            # Those the publish fed deliverable messages: their hand-offs leased, as a look would.
+            fed = {s for _, woken, counts in results for s, count in zip(woken, counts, strict=True) if count}
+            for (subscription_id, pid, consumer, demand, news), (events, due) in zip(
                 siblings, handed[len(reserved) :], strict=True
             ):
                 if not events:
                     continue
-                if self.hub.hand_to_sibling(pid, subscription_id, consumer, events):
+                took_all = subscription_id in fed and len(events) < min(demand, MAX_BATCH_SIZE)
+                if self.hub.hand_to_sibling(
+                    pid, subscription_id, consumer, events, news if took_all else -1, due
+                ):
                     mine = sum(1 for message_id, _ in events if message_id in new)
                     if mine:
                         taken[subscription_id] = mine
                 else:  # that worker is gone, or its queue full: deliverable again, and news
                     self._give_up_leases(subscription_id, events)
-            # Those the publish fed deliverable messages: their hand-offs leased, as a look would.
-            fed = {s for _, woken, counts in results for s, count in zip(woken, counts, strict=True) if count}
             for (subscription_id, waiter), (events, due), (_, _, size) in zip(
                 reserved, handed, handoffs, strict=False
             ):
@@ -244,14 +247,14 @@ class Delivery:
 
     def _reserve_handoffs(
         self, requests: Sequence[tuple[str, str, bool]]
-    ) -> tuple[list[tuple[str, Waiter]], list[tuple[str, int, str, int]]]:
+    ) -> tuple[list[tuple[str, Waiter]], list[tuple[str, int, str, int, int]]]:
         """A consumer parked on each subscription these topics fed lately, reserved.
 
         Here (hub.reserve) if there is one; otherwise one a sibling worker said
-        it has (hub.reserve_sibling): (subscription, worker pid, consumer, demand).
+        it has (hub.reserve_sibling): (subscription, worker pid, consumer, demand, news).
         """
         reserved: list[tuple[str, Waiter]] = []
-        siblings: list[tuple[str, int, str, int]] = []
+        siblings: list[tuple[str, int, str, int, int]] = []
         if not self.handoff:
             return reserved, siblings
         fed = {

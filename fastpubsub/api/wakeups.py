@@ -121,9 +121,11 @@ MAX_ECHOES = 1000
 # The mark of news sent to the workers of this server only: no copy follows.
 DIRECT = "/direct"
 # Datagrams of hand-offs between siblings (see the module docstring):
-# `!park <pid> <demand> <subscription> <consumer>`, `!unpark <pid> <subscription>`,
-# `!handed <subscription> <consumer>` and, on the next line, the messages as a
-# JSON array of [id, JSON text] pairs.
+# `!park <pid> <demand> <news> <subscription> <consumer>` (news: the queue's
+# count then), `!unpark <pid> <subscription>`, and `!handed <subscription>
+# <news> <due> <consumer>` with, on the next line, the messages as a JSON array
+# of [id, JSON text] pairs; its news is the count `!park` said when the lease
+# took all there was (else -1), its due what falls due next then (else -).
 PARK = "!park"
 UNPARK = "!unpark"
 HANDED = "!handed"
@@ -268,8 +270,8 @@ class WakeHub:
         self.wakeups = 0
         self.handoffs = 0  # consumers given what a publish here leased for them
         # Consumers parked in the sibling workers, as they said (`!park`): subscription ->
-        # {worker pid: (consumer, demand)}; a publish here may lease messages for them.
-        self._sibling_parked: dict[str, dict[int, tuple[str, int]]] = {}
+        # {worker pid: (consumer, demand, news)}; a publish here may lease messages for them.
+        self._sibling_parked: dict[str, dict[int, tuple[str, int, int]]] = {}
         self.sibling_handoffs_sent = 0  # for the tests: messages leased here for a sibling's consumer
         self.sibling_handoffs_taken = 0  # and those a sibling leased for a consumer here, taken
         # Called with what a publish leased for a waiter that had gone by then
@@ -548,10 +550,12 @@ class WakeHub:
         if self.relay is None or self.siblings is None or self.stopping.is_set():
             return
         queue.advertised = waiter
-        self.relay.send(f"{PARK} {self.siblings.me} {waiter.demand} {subscription_id} {waiter.consumer}")
+        self.relay.send(
+            f"{PARK} {self.siblings.me} {waiter.demand} {queue.news} {subscription_id} {waiter.consumer}"
+        )
 
-    def reserve_sibling(self, subscription_id: str) -> tuple[int, str, int] | None:
-        """A consumer parked in a sibling on `subscription_id`: (worker pid, consumer, demand).
+    def reserve_sibling(self, subscription_id: str) -> tuple[int, str, int, int] | None:
+        """A consumer parked in a sibling on `subscription_id`: (worker pid, consumer, demand, news).
 
         Taken from what the siblings said: no other publish here leases for it
         until its worker says again that it is parked.
@@ -559,20 +563,31 @@ class WakeHub:
         parked = self._sibling_parked.get(subscription_id)
         if not parked or self.stopping.is_set():
             return None
-        pid, (consumer, demand) = next(iter(parked.items()))
+        pid, (consumer, demand, news) = next(iter(parked.items()))
         del parked[pid]
         if not parked:
             del self._sibling_parked[subscription_id]
-        return pid, consumer, demand
+        return pid, consumer, demand, news
 
     def hand_to_sibling(
-        self, pid: int, subscription_id: str, consumer: str, events: list[tuple[UUID, str]]
+        self,
+        pid: int,
+        subscription_id: str,
+        consumer: str,
+        events: list[tuple[UUID, str]],
+        all_as_of: int = -1,
+        due: float | None = None,
     ) -> bool:
-        """Send what a publish here leased for a consumer parked in worker `pid`; whether it went."""
+        """Send what a publish here leased for a consumer parked in worker `pid`; whether it went.
+
+        `all_as_of`: the news count its worker said it was parked at, when the
+        lease took all there was (and `due` what falls due next); -1 otherwise.
+        """
         if self.relay is None:
             return False
         pairs = orjson.dumps([[str(message_id), data] for message_id, data in events]).decode()
-        payload = f"{HANDED} {subscription_id} {consumer}\n{pairs}"
+        when = "-" if due is None else repr(float(due))
+        payload = f"{HANDED} {subscription_id} {all_as_of} {when} {consumer}\n{pairs}"
         if len(payload.encode()) > MAX_DATAGRAM_BYTES or not self.relay.send_to(pid, payload):
             return False
         self.sibling_handoffs_sent += len(events)
@@ -583,8 +598,12 @@ class WakeHub:
         head, _, rest = payload.partition("\n")
         kind, _, words = head.partition(" ")
         if kind == PARK:
-            pid, demand, subscription_id, consumer = words.split(" ", 3)
-            self._sibling_parked.setdefault(subscription_id, {})[int(pid)] = (consumer, int(demand))
+            pid, demand, news, subscription_id, consumer = words.split(" ", 4)
+            self._sibling_parked.setdefault(subscription_id, {})[int(pid)] = (
+                consumer,
+                int(demand),
+                int(news),
+            )
         elif kind == UNPARK:
             pid, subscription_id = words.split(" ", 1)
             parked = self._sibling_parked.get(subscription_id)
@@ -593,12 +612,27 @@ class WakeHub:
                 if not parked:
                     del self._sibling_parked[subscription_id]
         elif kind == HANDED:
-            subscription_id, consumer = words.split(" ", 1)
+            subscription_id, news, due, consumer = words.split(" ", 3)
             events = [(UUID(message_id), data) for message_id, data in orjson.loads(rest)]
-            self._take_from_sibling(subscription_id, consumer, events)
+            self._take_from_sibling(
+                subscription_id, consumer, events, int(news), None if due == "-" else float(due)
+            )
 
-    def _take_from_sibling(self, subscription_id: str, consumer: str, events: list[tuple[UUID, str]]) -> None:
-        """Messages a sibling leased for `consumer`: to a consumer of that name parked here, or given back."""
+    def _take_from_sibling(
+        self,
+        subscription_id: str,
+        consumer: str,
+        events: list[tuple[UUID, str]],
+        all_as_of: int = -1,
+        due: float | None = None,
+    ) -> None:
+        """Messages a sibling leased for `consumer`: to a consumer of that name parked here, or given back.
+
+        When that lease took all there was (`all_as_of`: the news count this
+        process said the consumer was parked at), nobody here need look until
+        news comes (found_nothing), as after a hand-off here, and the due time
+        is kept.
+        """
         queue = self._queues.get(subscription_id)
         if queue is not None and not self.stopping.is_set():
             for waiter in queue.waiters:
@@ -610,11 +644,15 @@ class WakeHub:
                     )
                     handoff.set_result(events)
                     waiter.handoff = handoff
-                    waiter.handoff_mark = -1  # news unknown here: a stream looks again after it
+                    waiter.handoff_mark = all_as_of  # -1: news unknown, a stream looks again after it
                     waiter.event.set()
                 else:  # a publish here is handing it messages too: it takes both (up to its demand)
                     waiter.extra.extend(events)
                 self.sibling_handoffs_taken += len(events)
+                self.note_leased(subscription_id)
+                if all_as_of >= 0:
+                    self.found_nothing(subscription_id, all_as_of)
+                    self.note_due(subscription_id, due)
                 return
         if self.on_abandoned is not None:
             self.on_abandoned(subscription_id, events)

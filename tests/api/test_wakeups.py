@@ -670,7 +670,7 @@ async def test_messages_leased_for_a_sibling_that_cannot_take_them_are_deliverab
     assert (await b.post("/subscriptions/s/acks", json=[first["id"]])).status_code == 204
     # What a would hear from b a moment before b's consumer went (or from a worker since gone).
     pid = b.app.state.hub.siblings.me if why == "no-such-consumer-there" else 999_999  # type: ignore[attr-defined]
-    hub._sibling_parked["s"] = {pid: ("gone", 10)}
+    hub._sibling_parked["s"] = {pid: ("gone", 10, 0)}
     given_back = b.app.state.hub if why == "no-such-consumer-there" else hub  # type: ignore[attr-defined]
     taken = given_back.sibling_handoffs_taken
     await a.post("/topics/t/messages", json=[{"n": 1}])
@@ -706,7 +706,7 @@ async def test_a_consumer_handed_messages_here_and_by_a_sibling_at_once_takes_bo
     waiter = hub.reserve("s")  # this process's publish, under way
     assert waiter is not None
     sibling = (uuid.uuid4(), '{"from": "sibling"}')
-    hub._sibling_handoff(f"{wakeups.HANDED} s c\n" + json.dumps([[str(sibling[0]), sibling[1]]]))
+    hub._sibling_handoff(f"{wakeups.HANDED} s -1 - c\n" + json.dumps([[str(sibling[0]), sibling[1]]]))
     assert given_back == []  # not given back: it waits for this process's hand-off
     here = (uuid.uuid4(), '{"from": "here"}')
     hub.hand_over(waiter, [here])
@@ -717,3 +717,40 @@ async def test_a_consumer_handed_messages_here_and_by_a_sibling_at_once_takes_bo
     else:
         assert data == [{"from": "here"}]
         assert given_back == [("s", [sibling])]
+
+
+@linux_only
+async def test_after_a_sibling_hand_off_of_all_there_was_the_consumer_waits_for_what_falls_due(
+    make_api: ClientFactory, as_worker: Callable[[int], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As after a hand-off in its own worker: the lease took all there was, so the consumer's next
+    long-poll parks without a look, and the delayed message published with the one handed over
+    wakes it when it falls due (not when the long-poll's wait ends)."""
+    a, b, (poll,) = await sibling_waiting(make_api, as_worker, monkeypatch)
+    hub, far_looks = a.app.state.hub, b.app.state.delivery.consumes  # type: ignore[attr-defined]
+    await a.post("/topics/t/messages", json=[{"n": 0}])  # news: a learns the topic's routes
+    (first,) = await asyncio.wait_for(poll, 5)
+    assert (await b.post("/subscriptions/s/acks", json=[first["id"]])).status_code == 204
+
+    def poll_ten() -> asyncio.Task[httpx.Response]:
+        params = {"consumer_id": "far0", "batch_size": 10, "wait_seconds": 10}
+        return asyncio.create_task(b.get("/subscriptions/s/messages", params=params))
+
+    answer = poll_ten()
+    await _parked_in(b, "far0")
+    for _ in range(100):  # b's datagram saying so has reached a
+        if hub._sibling_parked.get("s"):
+            break
+        await asyncio.sleep(0.01)
+    messages = [{"payload": {"n": 1}}, {"payload": {"n": 2}, "delay_seconds": 1}]
+    assert (await a.post("/topics/t/publish", json={"messages": messages})).status_code == 201
+    (one,) = (await asyncio.wait_for(answer, 5)).json()["data"]  # handed over: all there was now
+    assert one["payload"] == {"n": 1}
+    looks = far_looks.requests
+    started = time.monotonic()
+    answer = poll_ten()
+    await _parked_in(b, "far0")
+    assert far_looks.requests == looks  # parked without a look of its own
+    (two,) = (await asyncio.wait_for(answer, 5)).json()["data"]
+    assert two["payload"] == {"n": 2}
+    assert time.monotonic() - started < 3
