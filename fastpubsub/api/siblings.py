@@ -16,6 +16,13 @@ Only a datagram the kernel took counts: a sibling that is gone, or whose
 queue is full, is told by notification instead (WakeHub._send). Outside
 Linux, or when the socket cannot be made or bound, the workers simply do
 without.
+
+Abstract sockets have no file permissions: any process on the host (in the
+same network namespace) may send to one. A datagram counts only when it
+comes from a sibling's own socket, bound to its name (which no other process
+can bind while the sibling lives): one sent from anywhere else is dropped
+unread (the datagrams carry messages leased for a consumer, see
+wakeups.HANDED).
 """
 
 from __future__ import annotations
@@ -73,6 +80,7 @@ class SiblingRelay:
         # Counted for the tests: datagrams delivered to a sibling's queue, and refused.
         self.sent = 0
         self.missed = 0
+        self.refused = 0  # datagrams from a socket that is not a sibling's, dropped
 
     @classmethod
     def open(cls, siblings: Siblings, on_payload: Callable[[str], None]) -> SiblingRelay | None:
@@ -130,16 +138,30 @@ class SiblingRelay:
         assert self._socket is not None
         for _ in range(MAX_READ_PER_TURN):
             try:
-                data = self._socket.recv(MAX_DATAGRAM_BYTES)
+                data, sender = self._socket.recvfrom(MAX_DATAGRAM_BYTES)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
                 log.debug("reading a sibling's datagram: %s", one_line(exc))
                 return
+            if not self._from_sibling(sender):
+                self.refused += 1
+                if self.refused == 1 or self.refused % 1000 == 0:
+                    log.warning("dropped %d datagrams not sent by a worker of this server", self.refused)
+                continue
             try:
                 self.on_payload(data.decode())
             except Exception:  # one bad payload must not stop the others
                 log.exception("acting on a sibling's news")
+
+    def _from_sibling(self, sender: object) -> bool:
+        """Whether `sender` (recvfrom's address) is the socket of a current sibling."""
+        if isinstance(sender, bytes):
+            sender = sender.decode(errors="replace")
+        if not isinstance(sender, str):
+            return False
+        group, me = self.siblings.group, self.siblings.me
+        return any(sender == address(group, peer) for peer in self.siblings.peers() if peer != me)
 
     def close(self) -> None:
         if self._socket is not None:

@@ -153,3 +153,28 @@ def test_a_sibling_whose_copies_never_come_is_remembered_within_bounds() -> None
     for number in range(1, 3 * MAX_ECHOES):
         assert echoes.first("7.aa", number, by_datagram=True)
     assert len(echoes._senders["7.aa"]) <= MAX_ECHOES
+
+
+async def test_a_datagram_not_from_a_siblings_socket_is_dropped(
+    relays: tuple[Opener, dict[int, list[str]]],
+) -> None:
+    """Any process on the host may send to an abstract socket: only the siblings' own sockets count."""
+    import socket as sockets
+
+    from fastpubsub.api.siblings import address
+
+    open_relay, received = relays
+    members = [1, 2]
+    first = open_relay(1, members)
+    second = open_relay(2, members)
+    group = first.siblings.group
+    for bound in (None, address(group, 3)):  # unbound, and bound to a name that is no sibling's
+        with sockets.socket(sockets.AF_UNIX, sockets.SOCK_DGRAM) as stranger:
+            if bound is not None:
+                stranger.bind(bound)
+            stranger.sendto(b"!handed s -1 - c\n[]", address(group, 2))
+    assert first.send("@1.aa:1 orders=2") == {2}  # a sibling's still counts
+    await until(lambda: bool(received[2]))
+    await asyncio.sleep(0.05)
+    assert received[2] == ["@1.aa:1 orders=2"]
+    assert second.refused == 2
