@@ -202,6 +202,10 @@ class Delivery:
                 # Every reserved waiter hears, whatever happened (nothing: it looks for itself).
                 for index, (_, waiter) in enumerate(reserved):
                     self.hub.hand_over(waiter, handed[index][0] if index < len(handed) else [])
+                # A sibling's consumer leased nothing is still parked there: free for the next publish.
+                for index, sibling in enumerate(siblings, start=len(reserved)):
+                    if index >= len(handed) or not handed[index][0]:
+                        self.hub.unreserve_sibling(*sibling)
             # The lease takes the oldest deliverable messages first: only those of
             # this publish need no wake-up (older ones had theirs).
             new = {message_id for ids, _, _ in results for message_id in ids}

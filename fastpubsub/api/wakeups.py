@@ -56,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
 import math
 import os
@@ -569,6 +570,12 @@ class WakeHub:
             del self._sibling_parked[subscription_id]
         return pid, consumer, demand, news
 
+    def unreserve_sibling(
+        self, subscription_id: str, pid: int, consumer: str, demand: int, news: int
+    ) -> None:
+        """A publish reserved that sibling's consumer and leased it nothing: others here may again."""
+        self._sibling_parked.setdefault(subscription_id, {}).setdefault(pid, (consumer, demand, news))
+
     def hand_to_sibling(
         self,
         pid: int,
@@ -635,7 +642,9 @@ class WakeHub:
         """
         queue = self._queues.get(subscription_id)
         if queue is not None and not self.stopping.is_set():
-            for waiter in queue.waiters:
+            # The consumer its siblings were told of, first (no scan of thousands of streams).
+            first = [queue.advertised] if queue.advertised is not None else []
+            for waiter in itertools.chain(first, queue.waiters):
                 if not (waiter.parked and waiter.consumer == consumer and waiter.demand >= len(events)):
                     continue
                 if waiter.handoff is None:

@@ -613,6 +613,17 @@ async def test_news_a_sibling_hears_both_directly_and_by_notification_wakes_it_o
         task.cancel()
 
 
+async def _parked_and_known(a: httpx.AsyncClient, b: httpx.AsyncClient, consumer: str) -> None:
+    """Until `consumer` is parked in b, and b's datagram saying so has reached a."""
+    await _parked_in(b, consumer)
+    sibling_parked = a.app.state.hub._sibling_parked  # type: ignore[attr-defined]
+    for _ in range(100):
+        if sibling_parked.get("s"):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"a did not hear that {consumer} is parked in b")
+
+
 async def _parked_in(api: httpx.AsyncClient, consumer: str) -> None:
     """Until a long-poll of `consumer` on s is parked in `api`'s process."""
     queue_of = api.app.state.hub._queues.get  # type: ignore[attr-defined]
@@ -638,11 +649,7 @@ async def test_a_sibling_publish_hands_its_messages_to_a_consumer_parked_in_the_
     assert (await b.post("/subscriptions/s/acks", json=[message["id"]])).status_code == 204
     for n in range(2, 7):
         poll = long_poll(b, "far0")
-        await _parked_in(b, "far0")
-        for _ in range(100):  # b's datagram saying so has reached a
-            if hub._sibling_parked.get("s"):
-                break
-            await asyncio.sleep(0.01)
+        await _parked_and_known(a, b, "far0")
         looks, sent, taken = far_looks.requests, hub.sibling_handoffs_sent, far_hub.sibling_handoffs_taken
         await a.post("/topics/t/messages", json=[{"n": n}])
         (message,) = await asyncio.wait_for(poll, 5)
@@ -727,7 +734,7 @@ async def test_after_a_sibling_hand_off_of_all_there_was_the_consumer_waits_for_
     long-poll parks without a look, and the delayed message published with the one handed over
     wakes it when it falls due (not when the long-poll's wait ends)."""
     a, b, (poll,) = await sibling_waiting(make_api, as_worker, monkeypatch)
-    hub, far_looks = a.app.state.hub, b.app.state.delivery.consumes  # type: ignore[attr-defined]
+    far_looks = b.app.state.delivery.consumes  # type: ignore[attr-defined]
     await a.post("/topics/t/messages", json=[{"n": 0}])  # news: a learns the topic's routes
     (first,) = await asyncio.wait_for(poll, 5)
     assert (await b.post("/subscriptions/s/acks", json=[first["id"]])).status_code == 204
@@ -737,11 +744,7 @@ async def test_after_a_sibling_hand_off_of_all_there_was_the_consumer_waits_for_
         return asyncio.create_task(b.get("/subscriptions/s/messages", params=params))
 
     answer = poll_ten()
-    await _parked_in(b, "far0")
-    for _ in range(100):  # b's datagram saying so has reached a
-        if hub._sibling_parked.get("s"):
-            break
-        await asyncio.sleep(0.01)
+    await _parked_and_known(a, b, "far0")
     messages = [{"payload": {"n": 1}}, {"payload": {"n": 2}, "delay_seconds": 1}]
     assert (await a.post("/topics/t/publish", json={"messages": messages})).status_code == 201
     (one,) = (await asyncio.wait_for(answer, 5)).json()["data"]  # handed over: all there was now
@@ -754,3 +757,30 @@ async def test_after_a_sibling_hand_off_of_all_there_was_the_consumer_waits_for_
     (two,) = (await asyncio.wait_for(answer, 5)).json()["data"]
     assert two["payload"] == {"n": 2}
     assert time.monotonic() - started < 3
+
+
+@linux_only
+async def test_a_publish_that_leases_a_siblings_consumer_nothing_leaves_it_to_the_next(
+    make_api: ClientFactory, as_worker: Callable[[int], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A publish its filter keeps from the consumer's subscription reserves that consumer and leases
+    it nothing: the next publish that does feed it still hands its message over."""
+    a, b, (poll,) = await sibling_waiting(make_api, as_worker, monkeypatch)
+    hub, far_hub = a.app.state.hub, b.app.state.hub  # type: ignore[attr-defined]
+    far_looks = b.app.state.delivery.consumes  # type: ignore[attr-defined]
+    changed = await a.patch("/subscriptions/s", json={"filter": {"kind": ["x"]}})
+    assert changed.status_code == 200, changed.text
+    await a.post("/topics/t/messages", json=[{"kind": "x", "n": 0}])  # news: a learns the topic's routes
+    (first,) = await asyncio.wait_for(poll, 5)
+    assert (await b.post("/subscriptions/s/acks", json=[first["id"]])).status_code == 204
+    poll = long_poll(b, "far0")
+    await _parked_and_known(a, b, "far0")
+    await a.post("/topics/t/messages", json=[{"kind": "y", "n": 1}])  # not for s
+    await asyncio.sleep(0.2)
+    assert not poll.done()
+    looks, sent = far_looks.requests, hub.sibling_handoffs_sent
+    await a.post("/topics/t/messages", json=[{"kind": "x", "n": 2}])
+    (message,) = await asyncio.wait_for(poll, 5)
+    assert message["payload"] == {"kind": "x", "n": 2}
+    assert (hub.sibling_handoffs_sent, far_looks.requests) == (sent + 1, looks)
+    assert far_hub.sibling_handoffs_taken >= 1
