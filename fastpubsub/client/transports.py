@@ -360,7 +360,11 @@ class WebSocketTransport(HttpSettlement):
                 log.debug("renewing the socket's token: %s", exc)
                 continue
             if current is not None and current != token:
-                await socket.send(jsoncodec.dumps_text({"type": "auth", "token": current}))
+                try:
+                    await socket.send(jsoncodec.dumps_text({"type": "auth", "token": current}))
+                except Exception as exc:  # the socket closed: the receiving loop opens another
+                    log.debug("sending the renewed token: %s", exc)
+                    return
                 token = current
 
     @staticmethod
