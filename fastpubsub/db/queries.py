@@ -16,7 +16,7 @@ from typing import Any
 from uuid import UUID
 
 import psycopg.types.json
-from psycopg.rows import namedtuple_row
+from psycopg.rows import RowFactory, namedtuple_row, tuple_row
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from fastpubsub import jsoncodec
@@ -90,21 +90,36 @@ def text_array(texts: Iterable[str]) -> str:
     return "{" + ",".join(_array_element(text) for text in texts) + "}"
 
 
+def integer_array(numbers: Iterable[int]) -> str:
+    """The integers as one PostgreSQL array literal, cast to integer[] by the query (see text_array)."""
+    return "{" + ",".join(str(int(number)) for number in numbers) + "}"
+
+
+def boolean_array(flags: Iterable[bool]) -> str:
+    """The booleans as one PostgreSQL array literal, cast to boolean[] by the query (see text_array)."""
+    return "{" + ",".join("t" if flag else "f" for flag in flags) + "}"
+
+
 def _publish_params(requests: Sequence[tuple[str, str, bool]]) -> dict[str, Any]:
-    """A group commit's publish requests (topic, JSON body, envelopes) as the publish queries take them."""
+    """A group commit's publish requests (topic, JSON body, envelopes) as the publish queries take them.
+
+    Arrays go as array literals (text): a list parameter makes the driver
+    inspect its elements on every call, several times the cost of the join.
+    """
     return {
         "topics": text_array(request[0] for request in requests),
         "bodies": text_array(request[1] for request in requests),
-        "envelopes": [request[2] for request in requests],
+        "envelopes": boolean_array(request[2] for request in requests),
     }
 
 
 Published = tuple[list[UUID], list[str], list[int]]
 
 
-def _published(row: Any) -> Published:
-    """One publish request's result row: its message ids, and the subscriptions fed with their counts."""
-    return list(row.ids), list(row.woken), list(row.woken_counts)
+def _published(row: tuple[Any, ...]) -> Published:
+    """One publish request's result row (ids, woken, woken_counts, as a tuple): its message ids, and the
+    subscriptions fed with their counts."""
+    return list(row[0]), list(row[1]), list(row[2])
 
 
 def _array_element(text: str) -> str:
@@ -174,6 +189,14 @@ class Database:
         psycopg underneath, which costs a fraction of SQLAlchemy's execution
         layer on the hot paths (and these are single statements with no ORM).
         """
+        return await self._run(query, namedtuple_row, params)
+
+    async def _tuples(self, query: str, /, **params: Any) -> Sequence[tuple[Any, ...]]:
+        """`_rows` with plain tuples: the hot paths' queries, which spare the driver reading the
+        columns' names on every call."""
+        return await self._run(query, tuple_row, params)
+
+    async def _run(self, query: str, rows: RowFactory[Any], params: dict[str, Any]) -> Sequence[Any]:
         statement = driver_queries()[query]
         if self.echo:
             hidden = {k: "<hidden>" if any(w in k for w in ECHO_HIDDEN) else v for k, v in params.items()}
@@ -184,7 +207,7 @@ class Database:
         try:
             held = await self._connections.acquire()
             try:
-                cursor = held.driver.cursor(row_factory=namedtuple_row)
+                cursor = held.driver.cursor(row_factory=rows)
                 await cursor.execute(statement, params)
                 return await cursor.fetchall() if cursor.description else []
             finally:
@@ -325,9 +348,9 @@ class Database:
         """
         if len(requests) == 1:
             ((topic, body, envelopes),) = requests
-            row = await self._one("publish_one", topic=topic, body=body, envelopes=envelopes)
-            return [_published(row)]
-        rows = await self._rows("publish_batch", **_publish_params(requests))
+            rows = await self._tuples("publish_one", topic=topic, body=body, envelopes=envelopes)
+        else:
+            rows = await self._tuples("publish_batch", **_publish_params(requests))
         return [_published(row) for row in rows]
 
     async def publish_handoff(
@@ -341,24 +364,25 @@ class Database:
         (id, its JSON as consume renders it) each, as consume_events gives them,
         with next_due when it leased fewer than its batch size (as consume_events).
         """
-        rows = await self._rows(
+        rows = await self._tuples(
             "publish_handoff",
             **_publish_params(requests),
-            subscriptions=[handoff[0] for handoff in handoffs],
-            consumers=[handoff[1] for handoff in handoffs],
-            sizes=[handoff[2] for handoff in handoffs],
+            subscriptions=text_array(handoff[0] for handoff in handoffs),
+            consumers=text_array(handoff[1] for handoff in handoffs),
+            sizes=integer_array(handoff[2] for handoff in handoffs),
         )
         count = len(requests)
+        # Rows of (ids, woken, woken_counts, events, due).
         handed = [
-            (list(zip(row.ids, row.events, strict=True)), None if row.due is None else float(row.due))
+            (list(zip(row[0], row[3], strict=True)), None if row[4] is None else float(row[4]))
             for row in rows[count:]
         ]
         return [_published(row) for row in rows[:count]], handed
 
     async def settle_batch(self, requests: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """Several acks, nacks and lease extensions in one transaction (see _settle_batch)."""
-        rows = await self._rows("settle_batch", requests=jsoncodec.dumps_text(list(requests)))
-        return [dict(row.result) for row in rows]
+        rows = await self._tuples("settle_batch", requests=jsoncodec.dumps_text(list(requests)))
+        return [dict(result) for (result,) in rows]
 
     async def publish(self, topic_id: str, payloads: Any) -> list[UUID]:
         """Publish a JSON array of objects (raw JSON text or Python objects); returns ids in order."""
@@ -387,13 +411,13 @@ class Database:
         own leases' included, may change that; None: nothing pending).
         All are committed, or none is.
         """
-        rows = await self._rows(
+        rows = await self._tuples(
             "consume_batch",
-            subscriptions=[request[0] for request in requests],
-            consumers=[request[1] for request in requests],
-            sizes=[request[2] for request in requests],
+            subscriptions=text_array(request[0] for request in requests),
+            consumers=text_array(request[1] for request in requests),
+            sizes=integer_array(request[2] for request in requests),
         )
-        return [(int(row.leased), str(row.data), None if row.due is None else float(row.due)) for row in rows]
+        return [(int(leased), str(data), None if due is None else float(due)) for leased, data, due in rows]
 
     async def consume_events(
         self, subscription_id: str, consumer_id: str, batch_size: int = 10
@@ -402,11 +426,12 @@ class Database:
 
         next_due (as in consume_batch) only when fewer than batch_size were leased.
         """
-        rows = await self._rows(
+        rows = await self._tuples(
             "consume_events", subscription_id=subscription_id, consumer_id=consumer_id, batch_size=batch_size
         )
-        events = [(row.id, row.data) for row in rows if row.id is not None]
-        due = rows[0].due if rows and rows[0].id is None else None
+        # Rows of (id, data, due).
+        events = [(row[0], row[1]) for row in rows if row[0] is not None]
+        due = rows[0][2] if rows and rows[0][0] is None else None
         return events, None if due is None else float(due)
 
     async def ack(self, subscription_id: str, ids: Iterable[UUID | str]) -> int:

@@ -135,14 +135,14 @@ class LoopLag:
 def count_queries(api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The named queries the application runs from now on (each still runs on the real database)."""
     database = api.app.state.database  # type: ignore[attr-defined]
-    real = database._rows
+    real = database._run  # where every named query goes (_rows, _tuples)
     ran: list[str] = []
 
-    async def counting(query: str, /, **params: Any) -> Any:
+    async def counting(query: str, rows: Any, params: dict[str, Any]) -> Any:
         ran.append(query)
-        return await real(query, **params)
+        return await real(query, rows, params)
 
-    monkeypatch.setattr(database, "_rows", counting)
+    monkeypatch.setattr(database, "_run", counting)
     return ran
 
 

@@ -490,16 +490,16 @@ async def test_a_slow_renewal_of_an_empty_look_is_still_one_look(
     """While one stream renews an expired empty look, the others wait for its answer, however slow."""
     async with chatty_idle_streams(api, monkeypatch):
         database = api.app.state.database  # type: ignore[attr-defined]
-        real = database._rows
+        real = database._run  # where every named query goes
         looks: list[float] = []
 
-        async def slow(query: str, /, **params: object) -> object:
+        async def slow(query: str, rows: object, params: dict[str, object]) -> object:
             if query == "consume_events":  # a busy database: each look takes 0.4 s
                 looks.append(asyncio.get_running_loop().time())
                 await asyncio.sleep(0.4)
-            return await real(query, **params)
+            return await real(query, rows, params)
 
-        monkeypatch.setattr(database, "_rows", slow)
+        monkeypatch.setattr(database, "_run", slow)
         await asyncio.sleep(2.0)  # every stream's keep-alive falls due 4 times in each slow look
         assert 1 <= len(looks) <= 4, looks
         assert all(later - earlier >= 0.4 for earlier, later in itertools.pairwise(looks)), looks
