@@ -1,16 +1,21 @@
 """CPU the server and PostgreSQL spend per request, for the one-message-per-request workloads.
 
-    python benchmarks/request_cpu.py [--workers 1] [--rounds 3] [--seconds 6] [--connections 32]
+    python benchmarks/request_cpu.py [--workers 1] [--rounds 3] [--seconds 6] [--connections 32] [--rate 2000]
 
 Starts a throwaway embedded PostgreSQL and a `fastpubsub server` with
 `--workers` workers, then in each round loads it with wrk (a compiled
 generator) as `fastpubsub bench all` does: `GET /liveness` (the HTTP floor),
 a one-message publish to a topic with one subscription, and consume+ack one
 message per request (two requests each) from a backlog that outlasts the
-phase. For each it reads the CPU time of the server's processes and of
+phase; then one-message publishes paced at `--rate` a second (wrk, as
+`fastpubsub bench e2e` publishes; 0 leaves this phase out), with no consumer.
+For each it reads the CPU time of the server's processes and of
 PostgreSQL's from /proc before and after and divides by the requests served:
 what a request costs, which throughput alone hides on a machine the
-generator, the server and the database share. With one worker (the default)
+generator, the server and the database share. At a steady rate below the
+most the server can take, a request costs more than flat out: fewer
+requests share each group commit, and the processes sleep and wake between
+them. With one worker (the default)
 the server's figure is one process's. Prints a line per phase and round, the
 medians, and a JSON line.
 """
@@ -20,14 +25,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import statistics
+import time
 from typing import Any
 
 import psutil
 
 from fastpubsub.bench import suite, workloads, wrk
 
-PHASES = ("liveness", "publish", "consume+ack")
+PHASES = ("liveness", "publish", "consume+ack", "paced publish")
 
 
 def cpu_seconds(server_pid: int) -> dict[str, float]:
@@ -48,10 +55,25 @@ def cpu_seconds(server_pid: int) -> dict[str, float]:
     return used
 
 
-async def phase(url: str, pid: int, path: str, script: str, options: argparse.Namespace) -> dict[str, Any]:
+async def phase(
+    url: str,
+    pid: int,
+    path: str,
+    script: str,
+    options: argparse.Namespace,
+    *,
+    connections: int | None = None,
+    seconds: float | None = None,
+) -> dict[str, Any]:
     """One wrk run: requests/s, latency and CPU microseconds per request."""
     before = cpu_seconds(pid)
-    result = await wrk.run(url, path, connections=options.connections, seconds=options.seconds, script=script)
+    result = await wrk.run(
+        url,
+        path,
+        connections=connections or options.connections,
+        seconds=seconds or options.seconds,
+        script=script,
+    )
     after = cpu_seconds(pid)
     if result.errors or result.non_2xx or not result.requests:
         raise RuntimeError(f"{path}: {result.errors} errors, {result.non_2xx} answers not 2xx")
@@ -63,6 +85,22 @@ async def phase(url: str, pid: int, path: str, script: str, options: argparse.Na
         "postgres_us": round(per_request["postgres"]),
         "wrk_cpu_share": round(result.cpu_share, 2),
     }
+
+
+async def paced(url: str, pid: int, topic: str, options: argparse.Namespace) -> dict[str, Any]:
+    """One-message publishes at options.rate a second for options.seconds, as `bench e2e` sends them."""
+    total = int(options.rate * options.seconds)
+    fields = json.dumps({k: v for k, v in workloads.payload(0, 230).items() if k != "order_id"})[1:-1]
+    path = f"/topics/{topic}/messages"
+    script = wrk.paced_publish_script(
+        path, rate=options.rate, total=total, start=time.perf_counter() + 1, threads=2, fields=fields
+    )
+    # Its connections as bench e2e's; wrk stops a second after the last message is due.
+    connections = max(2, math.ceil(options.rate / 40))
+    seconds = options.seconds + 2
+    figure = await phase(url, pid, path, script, options, connections=connections, seconds=seconds)
+    figure["requests_per_s"] = round(total / options.seconds)  # the pace (wrk counts its idle second too)
+    return figure
 
 
 async def main(options: argparse.Namespace) -> None:
@@ -79,6 +117,8 @@ async def main(options: argparse.Namespace) -> None:
                 subscription = await suite.fill_subscription(database_url, backlog, 230, "cpu-con")
                 consume = wrk.consume_ack_script(subscription, "wrk")
                 figures["consume+ack"] = await phase(url, pid, "/", consume, options)
+                if options.rate:
+                    figures["paced publish"] = await paced(url, pid, topic, options)
                 for name, figure in figures.items():
                     rounds[name].append(figure)
                     print(
@@ -86,8 +126,9 @@ async def main(options: argparse.Namespace) -> None:
                         f"server {figure['server_us']} us, PostgreSQL {figure['postgres_us']} us per request",
                         flush=True,
                     )
-    summary: dict[str, Any] = {"workers": options.workers, "rounds": rounds}
-    for name in PHASES:
+    phases = [name for name in PHASES if rounds[name]]
+    summary: dict[str, Any] = {"workers": options.workers, "rate": options.rate, "rounds": rounds}
+    for name in phases:
         for key in ("requests_per_s", "server_us", "postgres_us"):
             summary[f"{name}_{key}"] = statistics.median(r[key] for r in rounds[name])
     print(
@@ -95,7 +136,7 @@ async def main(options: argparse.Namespace) -> None:
         + "; ".join(
             f"{name} {summary[f'{name}_requests_per_s']:,} requests/s, "
             f"server {summary[f'{name}_server_us']} us, PostgreSQL {summary[f'{name}_postgres_us']} us"
-            for name in PHASES
+            for name in phases
         )
     )
     print(json.dumps(summary))
@@ -107,4 +148,5 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=6)
     parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--rate", type=float, default=2000, help="paced publishes a second (0: none)")
     asyncio.run(main(parser.parse_args()))
