@@ -541,6 +541,8 @@ class WakeHub:
             return
         queue.advertised = None
         for other in queue.waiters:
+            if self.stopping.is_set():  # advertising no other: the siblings hear that none is left
+                break
             if other.parked and other.consumer is not None and other.demand > 0 and other is not waiter:
                 self._advertise(subscription_id, queue, other)
                 return
@@ -590,7 +592,7 @@ class WakeHub:
         `all_as_of`: the news count its worker said it was parked at, when the
         lease took all there was (and `due` what falls due next); -1 otherwise.
         """
-        if self.relay is None:
+        if self.relay is None or self.stopping.is_set():  # (see _send: its sibling may drop it unread)
             return False
         pairs = orjson.dumps([[str(message_id), data] for message_id, data in events]).decode()
         when = "-" if due is None else repr(float(due))
@@ -910,8 +912,13 @@ class WakeHub:
         while self._pending or self._declare_pending:
             pending, self._pending = self._pending, {}
             declared, self._declare_pending = self._declare_pending, set()
-            # Declarations are for every process, wherever it runs.
-            for_database = self._pending_for_database or bool(declared) or self.relay is None
+            # Declarations are for every process, wherever it runs. A stopping
+            # worker's datagrams count for nothing: once it has given up its
+            # place among the workers (api/worker.py), its siblings drop them
+            # unread, though the kernel took them.
+            for_database = (
+                self._pending_for_database or bool(declared) or self.relay is None or self.stopping.is_set()
+            )
             needed, self._pending_siblings = self._pending_siblings, set()
             self._pending_for_database = False
             self._sequence += 1

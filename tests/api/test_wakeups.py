@@ -502,17 +502,25 @@ async def test_an_idle_subscription_is_forgotten_after_its_interest_would_lapse(
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
 
+class Workers:
+    """The workers of one made-up server: `as_worker(n)` before make_api() makes that application worker n."""
+
+    def __init__(self) -> None:
+        self.group = f"test-{secrets.token_hex(4)}"
+        self.members: list[int] = []
+
+    def __call__(self, member: int) -> None:
+        self.members.append(member)
+        siblings.configure(siblings.Siblings(group=self.group, me=member, peers=lambda: list(self.members)))
+
+    def leave(self, member: int) -> None:
+        """Worker `member` gives up its place among them, as a stopping worker does (worker.release_slot)."""
+        self.members.remove(member)
+
+
 @pytest.fixture
-def as_worker() -> Iterator[Callable[[int], None]]:
-    """`as_worker(n)` before make_api(): that application is worker n of one made-up server."""
-    group = f"test-{secrets.token_hex(4)}"
-    members: list[int] = []
-
-    def become(member: int) -> None:
-        members.append(member)
-        siblings.configure(siblings.Siblings(group=group, me=member, peers=lambda: list(members)))
-
-    yield become
+def as_worker() -> Iterator[Workers]:
+    yield Workers()
     siblings.configure(None)
 
 
@@ -691,6 +699,66 @@ async def test_messages_leased_for_a_sibling_that_cannot_take_them_are_deliverab
     answer = await b.get("/subscriptions/s/messages", params={"consumer_id": "next", "batch_size": 10})
     (message,) = answer.json()["data"]
     assert message["payload"] == {"n": 1}
+
+
+@linux_only
+async def test_what_a_stopping_worker_publishes_reaches_its_sibling_through_the_database(
+    make_api: ClientFactory, as_worker: Workers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stopping worker gives up its place among the workers while its last requests run on;
+    from then on its siblings drop its datagrams unread, so the news of what those requests
+    publish goes by notification (it used to go by datagram alone, and was lost)."""
+    a, b, (poll,) = await sibling_waiting(make_api, as_worker, monkeypatch)
+    a.app.state.delivery.handoff = False  # type: ignore[attr-defined]  # the news (hand-offs: the next test)
+    hub, far_hub = a.app.state.hub, b.app.state.hub  # type: ignore[attr-defined]
+    sent, refused = hub.notifications_sent, far_hub.relay.refused
+    hub.begin_stopping()
+    as_worker.leave(1)  # what api/worker.py does 50 ms into a stop
+    started = time.monotonic()
+    assert (await a.post("/topics/t/messages", json=[{"n": 1}])).status_code == 204
+    (message,) = await asyncio.wait_for(poll, 5)  # before: only when its 10 s wait ended
+    assert message["payload"] == {"n": 1}
+    assert time.monotonic() - started < 2
+    assert hub.notifications_sent > sent
+    assert far_hub.relay.refused >= refused  # (what a still sent directly, b dropped)
+
+
+@linux_only
+async def test_a_hand_off_a_stopping_worker_leased_for_its_sibling_is_given_back_at_once(
+    make_api: ClientFactory, as_worker: Workers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A publish reserved the sibling's parked consumer, and its worker began to stop (giving up
+    its place) before it committed: the messages it leased are not sent (the sibling would drop
+    them unread, and they would wait for the ack deadline) but given back, and the consumer
+    gets them at once."""
+    a, b, (poll,) = await sibling_waiting(make_api, as_worker, monkeypatch)
+    state = a.app.state  # type: ignore[attr-defined]
+    await a.post("/topics/t/messages", json=[{"n": 0}])  # a learns the topic's routes
+    (first,) = await asyncio.wait_for(poll, 5)
+    assert (await b.post("/subscriptions/s/acks", json=[first["id"]])).status_code == 204
+    poll = long_poll(b, "far0")
+    for _ in range(200):  # b's consumer is parked, and a has heard so
+        if "s" in state.hub._sibling_parked:
+            break
+        await asyncio.sleep(0.01)
+    assert "s" in state.hub._sibling_parked
+    reserved, gate = asyncio.Event(), asyncio.Event()  # a's publish, held before its transaction
+    real = state.database.publish_handoff
+
+    async def held_back(*args: object) -> object:
+        reserved.set()
+        await gate.wait()
+        return await real(*args)
+
+    monkeypatch.setattr(state.database, "publish_handoff", held_back)
+    publishing = asyncio.create_task(a.post("/topics/t/messages", json=[{"n": 1}]))
+    await asyncio.wait_for(reserved.wait(), 5)  # it leases for b's consumer
+    state.hub.begin_stopping()
+    as_worker.leave(1)
+    gate.set()
+    assert (await publishing).status_code == 204
+    (message,) = await asyncio.wait_for(poll, 5)  # before: leased to it in a datagram b dropped
+    assert (message["payload"], message["delivery_attempts"]) == ({"n": 1}, 2)  # the hand-off counted one
 
 
 @pytest.mark.parametrize("batch_size", [10, 1])
