@@ -761,6 +761,35 @@ async def test_a_hand_off_a_stopping_worker_leased_for_its_sibling_is_given_back
     assert (message["payload"], message["delivery_attempts"]) == ({"n": 1}, 2)  # the hand-off counted one
 
 
+@linux_only
+async def test_a_stopping_worker_tells_its_siblings_none_of_its_consumers_is_parked(
+    make_api: ClientFactory, as_worker: Workers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The consumer the siblings were told of stops waiting while another is still parked, in a
+    stopping worker: it advertises no other (the siblings would lease for it in vain), and
+    the siblings hear that none is left (they used to keep the one they knew of)."""
+    a, b, polls = await sibling_waiting(make_api, as_worker, monkeypatch, far=2)
+    parked = a.app.state.hub._sibling_parked  # type: ignore[attr-defined]
+    hub = b.app.state.hub  # type: ignore[attr-defined]
+    queue = hub._queues["s"]
+    for _ in range(200):
+        if "s" in parked and queue.advertised is not None and all(w.parked for w in queue.waiters):
+            break
+        await asyncio.sleep(0.01)
+    advertised = queue.advertised
+    assert "s" in parked and advertised is not None
+    hub.stopping.set()  # stopping, its consumers not yet woken
+    hub.unparking("s", advertised)  # the first to stop waiting is the one a knows of
+    assert queue.advertised is None
+    for _ in range(200):
+        if "s" not in parked:
+            break
+        await asyncio.sleep(0.01)
+    assert "s" not in parked
+    hub.begin_stopping()
+    assert await asyncio.wait_for(asyncio.gather(*polls), 5) == [[], []]
+
+
 @pytest.mark.parametrize("batch_size", [10, 1])
 async def test_a_consumer_handed_messages_here_and_by_a_sibling_at_once_takes_both_up_to_its_batch(
     api: httpx.AsyncClient, batch_size: int
