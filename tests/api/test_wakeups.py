@@ -777,7 +777,8 @@ async def test_a_stopping_worker_tells_its_siblings_none_of_its_consumers_is_par
             break
         await asyncio.sleep(0.01)
     advertised = queue.advertised
-    assert "s" in parked and advertised is not None
+    assert "s" in parked
+    assert advertised is not None
     hub.stopping.set()  # stopping, its consumers not yet woken
     hub.unparking("s", advertised)  # the first to stop waiting is the one a knows of
     assert queue.advertised is None
