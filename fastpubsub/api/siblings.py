@@ -13,7 +13,9 @@ sent at all. Processes elsewhere (other servers, push workers) hear
 notifications as before.
 
 Only a datagram the kernel took counts: a sibling that is gone, or whose
-queue is full, is told by notification instead (WakeHub._send). Outside
+queue is full, is told by notification instead (WakeHub._send), and so is
+every sibling while this worker stops (they drop its datagrams once it has
+left the list of workers, while its last requests may still publish). Outside
 Linux, or when the socket cannot be made or bound, the workers simply do
 without.
 
