@@ -9,6 +9,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 import psycopg
@@ -37,6 +38,25 @@ def long_poll(api: httpx.AsyncClient, consumer: str, wait: float = 10) -> asynci
         return list(answer.json()["data"])
 
     return asyncio.create_task(poll())
+
+
+def hold_handoff_publishes(
+    state: Any, monkeypatch: pytest.MonkeyPatch
+) -> tuple[asyncio.Event, asyncio.Event]:
+    """Publishes that hand messages over wait before their transaction: (reserved, gate).
+
+    `reserved` is set once one has reserved its consumers and waits; setting `gate` lets it go on.
+    """
+    reserved, gate = asyncio.Event(), asyncio.Event()
+    real = state.database.publish_handoff
+
+    async def held_back(*args: object) -> object:
+        reserved.set()
+        await gate.wait()
+        return await real(*args)
+
+    monkeypatch.setattr(state.database, "publish_handoff", held_back)
+    return reserved, gate
 
 
 async def settle_waiters(api: httpx.AsyncClient, count: int) -> None:
@@ -176,15 +196,7 @@ async def test_leases_a_publish_took_for_a_consumer_that_left_meanwhile_are_give
     await api.post("/topics/t/messages", json=[{"n": 1}])
     (first,) = await long_poll(api, "c")
     await api.post("/subscriptions/s/acks", json=[first["id"]])
-    reserved, gate = asyncio.Event(), asyncio.Event()  # the publish, held before its transaction
-    real = state.database.publish_handoff
-
-    async def held_back(*args: object) -> object:
-        reserved.set()
-        await gate.wait()
-        return await real(*args)
-
-    monkeypatch.setattr(state.database, "publish_handoff", held_back)
+    reserved, gate = hold_handoff_publishes(state, monkeypatch)  # the publish, held before its transaction
     with state.hub.waiter("s", 1, consumer="gone") as waiter:
         waiter.parked = True  # as a long-poll's, after a look that found nothing
         publishing = asyncio.create_task(api.post("/topics/t/messages", json=[{"n": 2}]))
@@ -211,20 +223,15 @@ async def test_news_a_reserved_long_poll_was_passed_over_for_wakes_it_if_the_pub
     (first,) = await long_poll(a, "c")
     await a.post("/subscriptions/s/acks", json=[first["id"]])
     poll = await parked_long_poll(a, "c")
-    reserved, gate, heard = asyncio.Event(), asyncio.Event(), asyncio.Event()
-    real_publish, real_wake = state.database.publish_handoff, state.hub.wake
-
-    async def held_back(*args: object) -> object:
-        reserved.set()
-        await gate.wait()
-        return await real_publish(*args)
+    reserved, gate = hold_handoff_publishes(state, monkeypatch)
+    heard = asyncio.Event()
+    real_wake = state.hub.wake
 
     def wake(subscription_id: str, count: int | None) -> int:
         uncovered = real_wake(subscription_id, count)
         heard.set()
         return int(uncovered)
 
-    monkeypatch.setattr(state.database, "publish_handoff", held_back)
     monkeypatch.setattr(state.hub, "wake", wake)
     refused = asyncio.create_task(a.post("/topics/t/messages", json=[{"n": 2}, {"n": 3}, {"n": 4}]))
     await asyncio.wait_for(reserved.wait(), 5)
@@ -742,15 +749,7 @@ async def test_a_hand_off_a_stopping_worker_leased_for_its_sibling_is_given_back
             break
         await asyncio.sleep(0.01)
     assert "s" in state.hub._sibling_parked
-    reserved, gate = asyncio.Event(), asyncio.Event()  # a's publish, held before its transaction
-    real = state.database.publish_handoff
-
-    async def held_back(*args: object) -> object:
-        reserved.set()
-        await gate.wait()
-        return await real(*args)
-
-    monkeypatch.setattr(state.database, "publish_handoff", held_back)
+    reserved, gate = hold_handoff_publishes(state, monkeypatch)  # a's publish, held before its transaction
     publishing = asyncio.create_task(a.post("/topics/t/messages", json=[{"n": 1}]))
     await asyncio.wait_for(reserved.wait(), 5)  # it leases for b's consumer
     state.hub.begin_stopping()
