@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import statistics
 import time
 from typing import Any
@@ -90,14 +89,11 @@ async def phase(
 async def paced(url: str, pid: int, topic: str, options: argparse.Namespace) -> dict[str, Any]:
     """One-message publishes at options.rate a second for options.seconds, as `bench e2e` sends them."""
     total = int(options.rate * options.seconds)
-    fields = json.dumps({k: v for k, v in workloads.payload(0, 230).items() if k != "order_id"})[1:-1]
     path = f"/topics/{topic}/messages"
-    script = wrk.paced_publish_script(
-        path, rate=options.rate, total=total, start=time.perf_counter() + 1, threads=2, fields=fields
+    script, connections = workloads.paced_publishes(
+        path, rate=options.rate, total=total, start=time.perf_counter() + 1, payload_bytes=230
     )
-    # Its connections as bench e2e's; wrk stops a second after the last message is due.
-    connections = max(2, math.ceil(options.rate / 40))
-    seconds = options.seconds + 2
+    seconds = options.seconds + 2  # wrk stops a second after the last message is due
     figure = await phase(url, pid, path, script, options, connections=connections, seconds=seconds)
     figure["requests_per_s"] = round(total / options.seconds)  # the pace (wrk counts its idle second too)
     return figure

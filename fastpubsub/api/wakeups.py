@@ -540,9 +540,8 @@ class WakeHub:
         if queue is None or queue.advertised is not waiter:
             return
         queue.advertised = None
-        for other in queue.waiters:
-            if self.stopping.is_set():  # advertising no other: the siblings hear that none is left
-                break
+        # Another parked consumer is advertised instead; a stopping worker advertises none.
+        for other in () if self.stopping.is_set() else queue.waiters:
             if other.parked and other.consumer is not None and other.demand > 0 and other is not waiter:
                 self._advertise(subscription_id, queue, other)
                 return

@@ -200,6 +200,21 @@ async def http_consume(
     return Result("consume+ack (HTTP)", total, elapsed, {"duplicates": duplicates, "distinct": len(seen)})
 
 
+def paced_publishes(
+    path: str, *, rate: float, total: int, start: float, payload_bytes: int, threads: int = 2
+) -> tuple[str, int]:
+    """wrk's script and connections for `total` one-message publishes to `path` at `rate` a second.
+
+    Message n is due at `start` + n / rate (see wrk.paced_publish_script).
+    """
+    fields = orjson.dumps({k: v for k, v in payload(0, payload_bytes).items() if k != "order_id"})[1:-1]
+    script = wrk.paced_publish_script(
+        path, rate=rate, total=total, start=start, threads=threads, fields=fields.decode()
+    )
+    # Enough connections to keep the pace while answers take up to 25 ms.
+    return script, max(threads, math.ceil(rate / 40))
+
+
 # Consumers the end-to-end workload can use: a long-poll loop or one stream.
 E2E_CONSUMERS = ("long-poll", "stream")
 
@@ -287,25 +302,19 @@ async def http_end_to_end(
 
     start = time.perf_counter() + 1  # the consumer is waiting by then
     threads = 2
-    fields = orjson.dumps({k: v for k, v in payload(0, payload_bytes).items() if k != "order_id"})[1:-1]
     stop = asyncio.Event()
     publish_path = f"/topics/{topic}/messages"
+    script, connections = paced_publishes(
+        publish_path, rate=rate, total=expected, start=start, payload_bytes=payload_bytes, threads=threads
+    )
     publishing = asyncio.create_task(
         wrk.run(
             reader.base_url,
             publish_path,
-            # Enough connections to keep the pace while answers take up to 25 ms.
-            connections=max(threads, math.ceil(rate / 40)),
+            connections=connections,
             threads=threads,
             seconds=1 + seconds + 60,  # a bound: stopped once everything is received
-            script=wrk.paced_publish_script(
-                publish_path,
-                rate=rate,
-                total=expected,
-                start=start,
-                threads=threads,
-                fields=fields.decode(),
-            ),
+            script=script,
             token=reader.token,
             stop=stop,
         )
