@@ -26,6 +26,8 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Iterable
+from typing import Any, cast
 
 from gunicorn.arbiter import Arbiter
 from uvicorn.config import Config
@@ -128,6 +130,63 @@ def tune_garbage_collector() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+class CoalescedWrites:
+    """A connection's transport whose writes in one turn of the event loop leave in one send.
+
+    uvicorn writes a response's status line and headers when the application
+    starts it, and its body when the application sends that: two sends for
+    every response, and on loopback, where most of this server's clients and
+    proxies are, each send wakes the client and runs its side of TCP on this
+    worker's CPU. Collected here and sent once the turn's callbacks have run,
+    a response whose start and body come in the same turn (as nearly all do)
+    costs one send: the HTTP floor rose by a fifth (README, Performance). A
+    stream's later chunks still go as they come, a turn later at most.
+    Closing sends what is pending first; aborting drops it, as the transport
+    would; what is pending when the connection has gone is dropped.
+    """
+
+    __slots__ = ("_loop", "_pending", "_transport")
+
+    def __init__(self, transport: asyncio.BaseTransport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = cast(asyncio.WriteTransport, transport)  # a connection's: it writes
+        self._loop = loop
+        self._pending: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not self._pending:
+            self._loop.call_soon(self.flush)
+        self._pending.append(bytes(data))
+
+    def writelines(self, lines: Iterable[bytes]) -> None:
+        for data in lines:
+            self.write(data)
+
+    def flush(self) -> None:
+        if self._pending:
+            data = b"".join(self._pending)
+            self._pending.clear()
+            if not self._transport.is_closing():
+                self._transport.write(data)
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size() + sum(map(len, self._pending))
+
+    def write_eof(self) -> None:
+        self.flush()
+        self._transport.write_eof()
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._pending.clear()
+        self._transport.abort()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class SharingServer(Server):
     """A uvicorn server that accepts connections itself, one at a time, sharing them out."""
 
@@ -168,11 +227,20 @@ class SharingServer(Server):
         return load
 
     def _protocol(self) -> asyncio.Protocol:
-        return self.config.http_protocol_class(  # type: ignore[call-arg]  # uvicorn's protocols take these
+        protocol = self.config.http_protocol_class(  # type: ignore[call-arg]  # uvicorn's protocols take these
             config=self.config,
             server_state=self.server_state,
             app_state=self.lifespan.state,
         )
+        # The protocol, and a WebSocket it hands the connection to, write through CoalescedWrites.
+        made = protocol.connection_made
+        loop = asyncio.get_running_loop()
+
+        def connection_made(transport: asyncio.BaseTransport) -> None:
+            made(CoalescedWrites(transport, loop))  # type: ignore[arg-type]  # it stands in for the transport
+
+        protocol.connection_made = connection_made  # type: ignore[method-assign]
+        return protocol
 
     def _accept_one(self, listener: socket.socket) -> None:
         loop = asyncio.get_running_loop()
