@@ -187,6 +187,11 @@ PushHeaderName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9!#$%&'*+.
 PushHeaderValue = Annotated[
     str, StringConstraints(max_length=4096, pattern=r"^(?:[\x21-\x7e](?:[\t\x20-\x7e]*[\x21-\x7e])?)?$")
 ]
+# What answers show for each push header's value: the values often carry the
+# receiver's credentials, and reading a subscription (`subscriptions:read`)
+# must not hand them out. The API refuses a configuration that gives this as
+# a value (read, then written back: subscriptions._checked_push).
+HIDDEN_HEADER_VALUE = "<hidden>"
 PUSH_EXAMPLE: dict[str, Any] = {
     "endpoint": "https://hooks.example.com/orders",
     "headers": {"Authorization": "Bearer receiver-token"},
@@ -211,7 +216,8 @@ class PushConfig(Body):
         max_length=MAX_PUSH_HEADERS,
         description="Sent with every request (e.g. the receiver's own credentials), values in printable "
         "ASCII with no space or tab first or last; the webhook-*, content and connection headers are "
-        "fastpubsub's, and a User-Agent replaces fastpubsub's",
+        "fastpubsub's, and a User-Agent replaces fastpubsub's. Answers show each value as "
+        f"{HIDDEN_HEADER_VALUE}",
     )
     timeout_seconds: StrictInt = Field(
         default=10, ge=1, le=60, description="A request not answered within this counts as failed"
@@ -232,7 +238,10 @@ class PushConfig(Body):
 
 class PushOut(BaseModel):
     endpoint: str
-    headers: dict[str, str]
+    headers: dict[str, str] = Field(
+        description="The names of the headers sent with every request, each value shown as "
+        f"{HIDDEN_HEADER_VALUE}"
+    )
     timeout_seconds: int
     max_concurrency: int
     secret: str | None = Field(

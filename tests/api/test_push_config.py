@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from standardwebhooks import Webhook
 
@@ -26,7 +27,7 @@ async def test_a_push_subscription_shows_its_secret_once(make_api: Any) -> None:
     assert created.status_code == 201, created.text
     push = created.json()["push"]
     assert push["endpoint"] == PUSH["endpoint"]
-    assert push["headers"] == {"Authorization": "Bearer r"}
+    assert push["headers"] == {"Authorization": "<hidden>"}
     assert (push["timeout_seconds"], push["max_concurrency"]) == (5, 10)
     assert push["secret"].startswith("whsec_")
     Webhook(push["secret"])  # a secret the Standard Webhooks library takes
@@ -78,6 +79,58 @@ async def test_patching_keeps_the_secret_and_null_makes_it_pull_again(make_api: 
     again = (await api.patch("/subscriptions/s", json={"push": PUSH})).json()["push"]
     assert again["secret"].startswith("whsec_")
     assert again["secret"] != became["secret"]
+
+
+def _stored_headers(database_url: str, subscription_id: str) -> Any:
+    with psycopg.connect(database_url) as connection:
+        row = connection.execute(
+            "SELECT push -> 'headers' FROM fastpubsub.subscriptions WHERE id = %s", (subscription_id,)
+        ).fetchone()
+    assert row is not None
+    return row[0]
+
+
+async def test_push_header_values_are_kept_for_the_requests_but_no_answer_shows_them(
+    make_api: Any, bearer: Any, database_url: str
+) -> None:
+    # Tokens from `bearer` are signed with the key every app here shares.
+    api = await make_api(auth_enabled=True, auth_client_cache_seconds=0, push_allowed_hosts="127.0.0.1")
+    admin = await bearer("*")
+    await api.post("/topics", json={"id": "t"}, headers=admin)
+    push = {"endpoint": PUSH["endpoint"], "headers": {"Authorization": "Bearer r", "X-Tenant": "acme"}}
+    created = await api.post("/subscriptions", json={"id": "s", "topic_id": "t", "push": push}, headers=admin)
+    assert created.status_code == 201, created.text
+    hidden = {"Authorization": "<hidden>", "X-Tenant": "<hidden>"}
+    assert created.json()["push"]["headers"] == hidden
+    # A client that may only read subscriptions (a dashboard) does not get the receiver's credentials.
+    reader = await bearer("subscriptions:read")
+    assert (await api.get("/subscriptions/s", headers=reader)).json()["push"]["headers"] == hidden
+    listed = (await api.get("/subscriptions", headers=reader)).json()["data"]
+    assert [s["push"]["headers"] for s in listed] == [hidden]
+    patched = await api.patch("/subscriptions/s", json={"ack_deadline_seconds": 60}, headers=admin)
+    assert patched.json()["push"]["headers"] == hidden
+    # What the push-worker sends is what was given.
+    assert _stored_headers(database_url, "s") == push["headers"]
+
+
+async def test_a_hidden_header_value_written_back_is_refused_and_changes_nothing(
+    make_api: Any, database_url: str
+) -> None:
+    api = await make_api(push_allowed_hosts="127.0.0.1")
+    await _create(api)
+    shown = (await api.get("/subscriptions/s")).json()["push"]
+    written_back = {k: shown[k] for k in ("endpoint", "headers", "max_concurrency")} | {"timeout_seconds": 7}
+    refused = await api.patch("/subscriptions/s", json={"push": written_back})
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["detail"] == (
+        "push.headers: give the value of Authorization; "
+        "answers show every value as <hidden>, which is not one"
+    )
+    assert (await api.get("/subscriptions/s")).json()["push"]["timeout_seconds"] == 5
+    assert _stored_headers(database_url, "s") == {"Authorization": "Bearer r"}
+    made = await api.post("/subscriptions", json={"id": "s2", "topic_id": "t", "push": written_back})
+    assert made.status_code == 422, made.text
+    assert (await api.get("/subscriptions/s2")).status_code == 404
 
 
 async def test_rotation_shows_the_new_secret_and_how_long_the_old_one_signs(make_api: Any) -> None:

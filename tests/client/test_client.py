@@ -314,7 +314,7 @@ def test_push_subscriptions_are_made_rotated_and_ended_with_the_sdk(
             "s", "t", push={"endpoint": endpoint, "headers": {"X-Token": "t0"}}, ack_deadline_seconds=30
         )
         assert made.push is not None
-        assert (made.push.endpoint, made.push.headers) == (endpoint, {"X-Token": "t0"})
+        assert (made.push.endpoint, made.push.headers) == (endpoint, {"X-Token": "<hidden>"})
         first = made.push.secret
         assert first is not None
         assert first.startswith("whsec_")

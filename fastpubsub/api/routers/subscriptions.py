@@ -12,6 +12,7 @@ from fastpubsub.api.deps import BackfillsDep, DatabaseDep, DeliveryDep, Principa
 from fastpubsub.api.errors import error_responses
 from fastpubsub.api.params import IdList, Limit, Offset, SubscriptionId
 from fastpubsub.api.schemas import (
+    HIDDEN_HEADER_VALUE,
     MAX_PEEK,
     ErrorBody,
     MessageOut,
@@ -27,6 +28,7 @@ from fastpubsub.api.schemas import (
     SubscriptionOut,
     SubscriptionUpdate,
 )
+from fastpubsub.exceptions import InvalidInputError
 from fastpubsub.models import Subscription
 from fastpubsub.push.endpoints import EndpointPolicy
 from fastpubsub.push.signing import new_secret
@@ -56,7 +58,12 @@ def _out(s: Subscription) -> SubscriptionOut:
         push=None
         if s.push is None
         else PushOut(
-            **s.push, secret=s.new_push_secret, previous_secret_valid_until=s.push_previous_secret_until
+            **{
+                **s.push,
+                "headers": dict.fromkeys(s.push.get("headers", {}), HIDDEN_HEADER_VALUE),
+            },
+            secret=s.new_push_secret,
+            previous_secret_valid_until=s.push_previous_secret_until,
         ),
     )
 
@@ -65,6 +72,12 @@ async def _checked_push(push: PushConfig | None, settings: Settings) -> dict[str
     """The push configuration to store, its endpoint checked (422 when it may not be reached)."""
     if push is None:
         return None
+    hidden = sorted(name for name, value in push.headers.items() if value == HIDDEN_HEADER_VALUE)
+    if hidden:
+        raise InvalidInputError(
+            f"push.headers: give the value of {', '.join(hidden)}; answers show every value as "
+            f"{HIDDEN_HEADER_VALUE}, which is not one"
+        )
     await EndpointPolicy.from_settings(settings.push_allow_http, settings.push_allowed_hosts).check(
         push.endpoint
     )
