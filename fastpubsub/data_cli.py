@@ -79,6 +79,27 @@ BacklogPolicyOption = Annotated[
         "--backlog-policy", help="reject (a 429 for the publish) or drop_oldest, past --max-backlog"
     ),
 ]
+PushEndpoint = Annotated[
+    str | None,
+    typer.Option(
+        "--push-endpoint",
+        help="Make it a push subscription: fastpubsub push-worker POSTs its messages here (https://)",
+    ),
+]
+PushHeaders = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--push-header",
+        help="'Name: value' sent with every push request (the receiver's credentials, say); repeat for more",
+    ),
+]
+PushTimeout = Annotated[
+    int | None, typer.Option("--push-timeout", min=1, max=60, help="Seconds a push request may take")
+]
+PushConcurrency = Annotated[
+    int | None,
+    typer.Option("--push-max-concurrency", min=1, max=100, help="Push requests in flight per push-worker"),
+]
 Retention = Annotated[
     int | None,
     typer.Option(
@@ -389,6 +410,34 @@ _POLICY_NAMES = {
 }
 
 
+def _push(parameters: dict[str, Any]) -> dict[str, Any] | None:
+    """The push configuration the --push-* options give (None: none given)."""
+    endpoint, headers = parameters["push_endpoint"], parameters["push_header"] or []
+    others = {
+        "timeout_seconds": parameters["push_timeout"],
+        "max_concurrency": parameters["push_max_concurrency"],
+    }
+    if endpoint is None:
+        if headers or any(value is not None for value in others.values()):
+            raise _invalid("--push-header, --push-timeout and --push-max-concurrency need --push-endpoint")
+        return None
+    push: dict[str, Any] = {"endpoint": endpoint, "headers": {}}
+    for header in headers:
+        name, colon, value = header.partition(":")
+        if not colon or not name.strip():
+            raise _invalid(f'--push-header must be "Name: value", not "{header}"')
+        push["headers"][name.strip()] = value.strip()
+    push.update({key: value for key, value in others.items() if value is not None})
+    return push
+
+
+def _said_push(subscription: Any) -> None:
+    """The signing secret, when the answer carries it (it is shown once)."""
+    push = subscription.push
+    if push is not None and push.secret is not None:
+        typer.echo(f"pushing to {push.endpoint}, signed with {push.secret} (shown once: keep it)")
+
+
 def _policy(parameters: dict[str, Any]) -> SubscriptionPolicies:
     """The delivery-policy options a command was given (its parameters, by name), by the API's names;
     those left out are not sent."""
@@ -416,6 +465,10 @@ def subscriptions_create(
     expiry_policy: ExpiryPolicyOption = None,
     max_backlog: MaxBacklog = None,
     backlog_policy: BacklogPolicyOption = None,
+    push_endpoint: PushEndpoint = None,
+    push_header: PushHeaders = None,
+    push_timeout: PushTimeout = None,
+    push_max_concurrency: PushConcurrency = None,
     start: Annotated[
         str,
         typer.Option(help="latest, earliest (every retained message too) or an ISO 8601 time with a zone"),
@@ -426,6 +479,9 @@ def subscriptions_create(
     """Create a subscription (policies left out take the server's defaults)."""
     subscription_filter = _filter(filter_json)
     policy = _policy(locals())
+    push = _push(locals())
+    if push is not None:
+        policy["push"] = push  # type: ignore[typeddict-item]  # the API checks it
     begin: Any = start if start in ("latest", "earliest") else _time(start)
     subscription = _call(
         url,
@@ -438,6 +494,7 @@ def subscriptions_create(
     else:
         filling = " (adding its retained messages)" if subscription.backfilling else ""
         typer.echo(f"created subscription {subscription.id} on topic {subscription.topic_id}{filling}")
+        _said_push(subscription)
 
 
 @subscriptions_app.command("list")
@@ -481,10 +538,17 @@ def subscriptions_update(
         bool, typer.Option("--no-max-backlog", help="Remove the backlog limit")
     ] = False,
     backlog_policy: BacklogPolicyOption = None,
+    push_endpoint: PushEndpoint = None,
+    push_header: PushHeaders = None,
+    push_timeout: PushTimeout = None,
+    push_max_concurrency: PushConcurrency = None,
+    pull: Annotated[
+        bool, typer.Option("--pull", help="Make it a pull subscription again (its push secret is forgotten)")
+    ] = False,
     url: Url = None,
     as_json: Json = False,
 ) -> None:
-    """Change what is given; the rest stays."""
+    """Change what is given; the rest stays. --push-* options replace the whole push configuration."""
     from fastpubsub.client import UNSET
 
     if (no_ttl and ttl is not None) or (no_max_backlog and max_backlog is not None):
@@ -495,10 +559,43 @@ def subscriptions_update(
         policy["message_ttl_seconds"] = None
     if no_max_backlog:
         policy["max_backlog"] = None
+    push = _push(locals())
+    if pull and push is not None:
+        raise _invalid("give --push-endpoint or --pull, not both")
+    if pull or push is not None:
+        policy["push"] = push  # type: ignore[typeddict-item]  # the API checks it
     subscription = _call(
         url, lambda client: client.update_subscription(subscription_id, filter=subscription_filter, **policy)
     )
     _fields(subscription, as_json)
+    if not as_json:
+        _said_push(subscription)
+
+
+@subscriptions_app.command("rotate-push-secret")
+def subscriptions_rotate_push_secret(
+    subscription_id: SubscriptionArg,
+    grace_seconds: Annotated[
+        int,
+        typer.Option(
+            min=0, max=604800, help="How long the current secret keeps signing too (0: it stops now)"
+        ),
+    ] = 86400,
+    url: Url = None,
+    as_json: Json = False,
+) -> None:
+    """A new signing secret for a push subscription, shown once; the current one signs beside it a while."""
+    subscription = _call(url, lambda client: client.rotate_push_secret(subscription_id, grace_seconds))
+    if as_json:
+        _fields(subscription, as_json)
+        return
+    _said_push(subscription)
+    until = subscription.push.previous_secret_valid_until if subscription.push is not None else None
+    typer.echo(
+        f"the previous secret signs too until {_cell(until)}"
+        if until
+        else "the previous secret no longer signs"
+    )
 
 
 @subscriptions_app.command("delete")

@@ -13,12 +13,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from typer.testing import CliRunner, Result
 
 from fastpubsub import dev
-from fastpubsub.cli import app
+from fastpubsub.cli import EXIT_CODES, app
 from fastpubsub.embedded import free_port
+from fastpubsub.exceptions import InvalidInputError
 from fastpubsub.settings import get_settings
 from tests.e2e.conftest import FASTPUBSUB, Server, base_env, run_server  # noqa: F401 - a fixture
 
@@ -34,6 +36,24 @@ def server(database_url: str, run_server: Callable[..., Server]) -> Server:  # n
 @pytest.fixture
 def invoke(server: Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Invoke]:
     """`fastpubsub ...` in-process, FASTPUBSUB_API_URL naming the test's server (no dev record around)."""
+    yield from invoker(server, monkeypatch, tmp_path)
+
+
+@pytest.fixture
+def push_invoke(
+    database_url: str,
+    run_server: Callable[..., Server],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> Iterator[Invoke]:
+    """`invoke` for a server that lets push endpoints be loopback http:// ones (no push-worker runs)."""
+    server = run_server(
+        base_env(database_url, push_allow_http="true", push_allowed_hosts="127.0.0.1"), workers=1
+    )
+    yield from invoker(server, monkeypatch, tmp_path)
+
+
+def invoker(server: Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Invoke]:
     runner = CliRunner()
     monkeypatch.setenv("FASTPUBSUB_EMBEDDED_DATA_DIR", str(tmp_path / "no-dev-here"))
 
@@ -224,6 +244,128 @@ ERRORS = [
     (("subscriptions", "create", "s", "--topic", "t", "--filter", '{"a": [NaN]}'), None, 2, NOT_FINITE),
     (("subscriptions", "create", "s", "--topic", "t", "--filter", '{"a": 1e999}'), None, 2, NOT_FINITE),
 ]
+
+
+def _stored_push(database_url: str, subscription_id: str) -> Any:
+    with psycopg.connect(database_url) as connection:
+        row = connection.execute(
+            "SELECT push FROM fastpubsub.subscriptions WHERE id = %s", (subscription_id,)
+        ).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def test_push_subscriptions(push_invoke: Invoke, database_url: str) -> None:
+    invoke = push_invoke
+    endpoint = f"http://127.0.0.1:{free_port()}/hook"  # nothing is sent: no push-worker runs
+    ok(invoke("topics", "create", "orders"))
+    created = ok(
+        invoke(
+            "subscriptions",
+            "create",
+            "order-hooks",
+            "--topic",
+            "orders",
+            "--push-endpoint",
+            endpoint,
+            "--push-header",
+            "Authorization: Bearer r: with a colon",
+            "--push-header",
+            "X-Tenant:acme",
+            "--push-timeout",
+            "5",
+        )
+    ).splitlines()
+    assert created[0] == "created subscription order-hooks on topic orders"
+    said = re.fullmatch(
+        rf"pushing to {endpoint}, signed with (whsec_\S+) \(shown once: keep it\)", created[1]
+    )
+    assert said is not None, created
+    first = said[1]
+    shown = json.loads(ok(invoke("subscriptions", "get", "order-hooks", "--json")))["push"]
+    assert shown["endpoint"] == endpoint
+    assert shown["headers"] == {"Authorization": "<hidden>", "X-Tenant": "<hidden>"}
+    assert (shown["timeout_seconds"], shown["max_concurrency"], shown["secret"]) == (5, 10, None)
+    stored = _stored_push(database_url, "order-hooks")
+    assert stored["headers"] == {"Authorization": "Bearer r: with a colon", "X-Tenant": "acme"}
+
+    # The --push-* options replace the whole configuration; the secret stays (and is not shown).
+    changed = ok(
+        invoke(
+            "subscriptions",
+            "update",
+            "order-hooks",
+            "--push-endpoint",
+            endpoint,
+            "--push-max-concurrency",
+            "3",
+        )
+    )
+    assert 'push: {"endpoint":' in changed
+    assert "signed with" not in changed
+    assert _stored_push(database_url, "order-hooks")["headers"] == {}
+    assert _stored_push(database_url, "order-hooks")["max_concurrency"] == 3
+
+    rotated = ok(
+        invoke("subscriptions", "rotate-push-secret", "order-hooks", "--grace-seconds", "60")
+    ).splitlines()
+    second = re.fullmatch(r"pushing to \S+, signed with (whsec_\S+) \(shown once: keep it\)", rotated[0])
+    assert second is not None, rotated
+    assert second[1] != first
+    assert rotated[1].startswith("the previous secret signs too until ")
+    stopped = ok(invoke("subscriptions", "rotate-push-secret", "order-hooks", "--grace-seconds", "0"))
+    assert stopped.splitlines()[1] == "the previous secret no longer signs"
+
+    pulled = json.loads(ok(invoke("subscriptions", "update", "order-hooks", "--pull", "--json")))
+    assert pulled["push"] is None
+    assert _stored_push(database_url, "order-hooks") is None
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ("create", "s", "--topic", "t", "--push-header", "A: b"),
+            "--push-header, --push-timeout and --push-max-concurrency need --push-endpoint",
+        ),
+        (
+            ("create", "s", "--topic", "t", "--push-endpoint", "{endpoint}", "--push-header", "no colon"),
+            'Error: --push-header must be "Name: value", not "no colon"',
+        ),
+        (
+            ("create", "s", "--topic", "t", "--push-endpoint", "{endpoint}", "--push-header", ": b"),
+            'Error: --push-header must be "Name: value"',
+        ),
+        (
+            ("create", "s", "--topic", "t", "--push-endpoint", "{endpoint}", "--push-header", "A: <hidden>"),
+            "Error: push.headers: give the value of A",
+        ),
+        (("create", "s", "--topic", "t", "--push-endpoint", "ftp://127.0.0.1/hook"), "Error: push.endpoint"),
+        (
+            ("update", "p", "--pull", "--push-endpoint", "{endpoint}"),
+            "Error: give --push-endpoint or --pull, not both",
+        ),
+        (
+            ("update", "p", "--push-timeout", "5"),
+            "Error: --push-header, --push-timeout and --push-max-concurrency need --push-endpoint",
+        ),
+        (("rotate-push-secret", "p"), 'Error: subscription "p" is not a push subscription'),
+    ],
+)
+def test_bad_push_options_are_refused_in_one_line_and_change_nothing(
+    push_invoke: Invoke, database_url: str, args: tuple[str, ...], message: str
+) -> None:
+    invoke = push_invoke
+    ok(invoke("topics", "create", "t"))
+    ok(invoke("subscriptions", "create", "p", "--topic", "t"))
+    endpoint = f"http://127.0.0.1:{free_port()}/hook"
+    result = invoke("subscriptions", *(arg.format(endpoint=endpoint) for arg in args))
+    assert result.exit_code == EXIT_CODES[InvalidInputError], result.output
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert message.removeprefix("Error: ") in result.stderr
+    assert "Traceback" not in result.output
+    assert [s["id"] for s in json.loads(ok(invoke("subscriptions", "list", "--json")))] == ["p"]
+    assert _stored_push(database_url, "p") is None
 
 
 def test_errors_are_one_line_with_the_documented_exit_code(invoke: Invoke) -> None:
