@@ -226,6 +226,14 @@ def conn(database_url: str) -> Iterator[psycopg.Connection]:
         yield connection
 
 
+def stored_push(conn: psycopg.Connection, subscription_id: str) -> Any:
+    """A subscription's push configuration as stored (header values and all); None for a pull one."""
+    query = "SELECT push FROM fastpubsub.subscriptions WHERE id = %s"
+    row = conn.execute(query, (subscription_id,)).fetchone()
+    assert row is not None, f"no subscription {subscription_id}"
+    return row[0]
+
+
 @pytest.fixture
 def connect(database_url: str) -> Iterator[object]:
     """Open further connections to this test's database (closed at the end)."""

@@ -9,6 +9,8 @@ import psycopg
 import pytest
 from standardwebhooks import Webhook
 
+from tests.conftest import stored_push
+
 PUSH = {
     "endpoint": "https://127.0.0.1:9/hook",
     "headers": {"Authorization": "Bearer r"},
@@ -81,17 +83,8 @@ async def test_patching_keeps_the_secret_and_null_makes_it_pull_again(make_api: 
     assert again["secret"] != became["secret"]
 
 
-def _stored_headers(database_url: str, subscription_id: str) -> Any:
-    with psycopg.connect(database_url) as connection:
-        row = connection.execute(
-            "SELECT push -> 'headers' FROM fastpubsub.subscriptions WHERE id = %s", (subscription_id,)
-        ).fetchone()
-    assert row is not None
-    return row[0]
-
-
 async def test_push_header_values_are_kept_for_the_requests_but_no_answer_shows_them(
-    make_api: Any, bearer: Any, database_url: str
+    make_api: Any, bearer: Any, conn: psycopg.Connection
 ) -> None:
     # Tokens from `bearer` are signed with the key every app here shares.
     api = await make_api(auth_enabled=True, auth_client_cache_seconds=0, push_allowed_hosts="127.0.0.1")
@@ -110,11 +103,11 @@ async def test_push_header_values_are_kept_for_the_requests_but_no_answer_shows_
     patched = await api.patch("/subscriptions/s", json={"ack_deadline_seconds": 60}, headers=admin)
     assert patched.json()["push"]["headers"] == hidden
     # What the push-worker sends is what was given.
-    assert _stored_headers(database_url, "s") == push["headers"]
+    assert stored_push(conn, "s")["headers"] == push["headers"]
 
 
 async def test_a_hidden_header_value_written_back_is_refused_and_changes_nothing(
-    make_api: Any, database_url: str
+    make_api: Any, conn: psycopg.Connection
 ) -> None:
     api = await make_api(push_allowed_hosts="127.0.0.1")
     await _create(api)
@@ -127,7 +120,7 @@ async def test_a_hidden_header_value_written_back_is_refused_and_changes_nothing
         "answers show every value as <hidden>, which is not one"
     )
     assert (await api.get("/subscriptions/s")).json()["push"]["timeout_seconds"] == 5
-    assert _stored_headers(database_url, "s") == {"Authorization": "Bearer r"}
+    assert stored_push(conn, "s")["headers"] == {"Authorization": "Bearer r"}
     made = await api.post("/subscriptions", json={"id": "s2", "topic_id": "t", "push": written_back})
     assert made.status_code == 422, made.text
     assert (await api.get("/subscriptions/s2")).status_code == 404

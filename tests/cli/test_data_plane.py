@@ -22,6 +22,7 @@ from fastpubsub.cli import EXIT_CODES, app
 from fastpubsub.embedded import free_port
 from fastpubsub.exceptions import InvalidInputError
 from fastpubsub.settings import get_settings
+from tests.conftest import stored_push
 from tests.e2e.conftest import FASTPUBSUB, Server, base_env, run_server  # noqa: F401 - a fixture
 
 Invoke = Callable[..., Result]
@@ -246,16 +247,7 @@ ERRORS = [
 ]
 
 
-def _stored_push(database_url: str, subscription_id: str) -> Any:
-    with psycopg.connect(database_url) as connection:
-        row = connection.execute(
-            "SELECT push FROM fastpubsub.subscriptions WHERE id = %s", (subscription_id,)
-        ).fetchone()
-    assert row is not None
-    return row[0]
-
-
-def test_push_subscriptions(push_invoke: Invoke, database_url: str) -> None:
+def test_push_subscriptions(push_invoke: Invoke, conn: psycopg.Connection) -> None:
     invoke = push_invoke
     endpoint = f"http://127.0.0.1:{free_port()}/hook"  # nothing is sent: no push-worker runs
     ok(invoke("topics", "create", "orders"))
@@ -286,7 +278,7 @@ def test_push_subscriptions(push_invoke: Invoke, database_url: str) -> None:
     assert shown["endpoint"] == endpoint
     assert shown["headers"] == {"Authorization": "<hidden>", "X-Tenant": "<hidden>"}
     assert (shown["timeout_seconds"], shown["max_concurrency"], shown["secret"]) == (5, 10, None)
-    stored = _stored_push(database_url, "order-hooks")
+    stored = stored_push(conn, "order-hooks")
     assert stored["headers"] == {"Authorization": "Bearer r: with a colon", "X-Tenant": "acme"}
 
     # The --push-* options replace the whole configuration; the secret stays (and is not shown).
@@ -303,8 +295,8 @@ def test_push_subscriptions(push_invoke: Invoke, database_url: str) -> None:
     )
     assert 'push: {"endpoint":' in changed
     assert "signed with" not in changed
-    assert _stored_push(database_url, "order-hooks")["headers"] == {}
-    assert _stored_push(database_url, "order-hooks")["max_concurrency"] == 3
+    assert stored_push(conn, "order-hooks")["headers"] == {}
+    assert stored_push(conn, "order-hooks")["max_concurrency"] == 3
 
     rotated = ok(
         invoke("subscriptions", "rotate-push-secret", "order-hooks", "--grace-seconds", "60")
@@ -318,7 +310,7 @@ def test_push_subscriptions(push_invoke: Invoke, database_url: str) -> None:
 
     pulled = json.loads(ok(invoke("subscriptions", "update", "order-hooks", "--pull", "--json")))
     assert pulled["push"] is None
-    assert _stored_push(database_url, "order-hooks") is None
+    assert stored_push(conn, "order-hooks") is None
 
 
 @pytest.mark.parametrize(
@@ -353,7 +345,7 @@ def test_push_subscriptions(push_invoke: Invoke, database_url: str) -> None:
     ],
 )
 def test_bad_push_options_are_refused_in_one_line_and_change_nothing(
-    push_invoke: Invoke, database_url: str, args: tuple[str, ...], message: str
+    push_invoke: Invoke, conn: psycopg.Connection, args: tuple[str, ...], message: str
 ) -> None:
     invoke = push_invoke
     ok(invoke("topics", "create", "t"))
@@ -365,7 +357,7 @@ def test_bad_push_options_are_refused_in_one_line_and_change_nothing(
     assert message.removeprefix("Error: ") in result.stderr
     assert "Traceback" not in result.output
     assert [s["id"] for s in json.loads(ok(invoke("subscriptions", "list", "--json")))] == ["p"]
-    assert _stored_push(database_url, "p") is None
+    assert stored_push(conn, "p") is None
 
 
 def test_errors_are_one_line_with_the_documented_exit_code(invoke: Invoke) -> None:
