@@ -36,7 +36,7 @@ from fastpubsub.api import jsonbody
 from fastpubsub.api.batching import GroupCommit
 from fastpubsub.api.metrics import ACKED, CONSUMED, DEAD_LETTERED, NACKED, PUBLISHED
 from fastpubsub.api.schemas import MAX_BATCH_SIZE
-from fastpubsub.api.wakeups import Waiter, WakeHub
+from fastpubsub.api.wakeups import Signal, Waiter, WakeHub
 from fastpubsub.db import Database
 from fastpubsub.db.queries import Published
 from fastpubsub.exceptions import (
@@ -744,11 +744,11 @@ async def wait_for(event: asyncio.Event, seconds: float) -> bool:
 
 
 async def park(hub: WakeHub, subscription_id: str, waiter: Waiter, seconds: float) -> bool:
-    """wait_for on the waiter's event, parked meanwhile: a publish here (WakeHub.reserve) or in a
-    sibling worker (WakeHub.parking) may lease messages for it."""
+    """Wait for the waiter's event up to `seconds` (whether it was set), parked meanwhile: a publish
+    here (WakeHub.reserve) or in a sibling worker (WakeHub.parking) may lease messages for it."""
     hub.parking(subscription_id, waiter)
     try:
-        return await wait_for(waiter.event, seconds)
+        return await waiter.event.wait(seconds)
     finally:
         hub.unparking(subscription_id, waiter)
 
@@ -774,7 +774,7 @@ async def take_handoff(hub: WakeHub, subscription_id: str, waiter: Waiter) -> li
 
 
 @contextlib.contextmanager
-def _client_watch(receive: Receive | None, woken: asyncio.Event | None = None) -> Iterator[asyncio.Event]:
+def _client_watch(receive: Receive | None, woken: Signal | None = None) -> Iterator[asyncio.Event]:
     """An event set (and `woken` too, if given) when the client disconnects; watched only with `receive`."""
     gone = asyncio.Event()
     if receive is None:

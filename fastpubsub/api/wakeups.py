@@ -143,6 +143,57 @@ def begin_stopping_everywhere() -> None:
         hub.begin_stopping()
 
 
+def _expire(future: asyncio.Future[bool]) -> None:
+    if not future.done():
+        future.set_result(False)
+
+
+class Signal:
+    """A flag to wait on, as asyncio.Event, whose wait may end after a time: `await signal.wait(seconds)`.
+
+    A timed wait is a future and a timer; when the time is up first, the wait
+    returns False. Bounding an asyncio.Event's wait with asyncio.timeout
+    instead ends it by cancelling the task, the CancelledError turned into a
+    TimeoutError on its way out. Every idle stream's wait ends that way before
+    its keep-alive: with ten thousand of them, the raising was a quarter of
+    what the workers spent on them (95 against 71 ms of CPU a second).
+    """
+
+    __slots__ = ("_futures", "_value")
+
+    def __init__(self) -> None:
+        self._value = False
+        self._futures: list[asyncio.Future[bool]] = []
+
+    def is_set(self) -> bool:
+        return self._value
+
+    def set(self) -> None:
+        if not self._value:
+            self._value = True
+            for future in self._futures:
+                if not future.done():
+                    future.set_result(True)
+
+    def clear(self) -> None:
+        self._value = False
+
+    async def wait(self, seconds: float = math.inf) -> bool:
+        """Until the flag is set (True) or `seconds` have passed (False); at once if it is set."""
+        if self._value:
+            return True
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bool] = loop.create_future()
+        self._futures.append(future)
+        timer = None if math.isinf(seconds) else loop.call_later(max(seconds, 0), _expire, future)
+        try:
+            return await future
+        finally:
+            self._futures.remove(future)
+            if timer is not None:
+                timer.cancel()
+
+
 class Waiter:
     """One waiting consumer: its event, its demand and (streams) the messages it holds."""
 
@@ -165,7 +216,7 @@ class Waiter:
         self, demand: int, held: dict[UUID, float] | None = None, consumer: str | None = None
     ) -> None:
         self.demand = demand
-        self.event = asyncio.Event()
+        self.event = Signal()
         self.held = held  # a stream's messages out, and when (loop time) their leases end
         self.recheck = False  # another process settled something of this subscription
         # Woken without knowing how many messages there are: if it finds a full

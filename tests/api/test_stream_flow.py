@@ -7,6 +7,7 @@ import base64
 import contextlib
 import itertools
 import json
+import math
 from collections.abc import AsyncIterator
 from uuid import UUID
 
@@ -373,12 +374,13 @@ async def test_keep_alives_on_a_busy_subscription_do_not_look(
     a wake-up is the keep-alive's too, not one to look for.
     """
     monkeypatch.setattr(delivery, "KEEPALIVE_SECONDS", 0.2)
-    on_time = delivery.wait_for
+    on_time = wakeups.Signal.wait
 
-    async def early_timers(event: asyncio.Event, seconds: float) -> bool:
-        return await on_time(event, seconds - early)
+    async def early_timers(signal: wakeups.Signal, seconds: float = math.inf) -> bool:
+        return await on_time(signal, seconds - early)
 
-    monkeypatch.setattr(delivery, "wait_for", early_timers)
+    monkeypatch.setattr(wakeups.Signal, "wait", early_timers)
+
     await setup(api, ack_deadline_seconds=60)
     streams = [
         Exchange(api.app, "/subscriptions/s/stream", {"consumer_id": f"c{k}"})  # type: ignore[attr-defined]
