@@ -281,12 +281,12 @@ def _table(rows: Sequence[Sequence[Any]], header: Sequence[str], empty: str) -> 
         typer.echo("  ".join([*(value.ljust(widths[i]) for i, value in enumerate(row[:-1])), row[-1]]))
 
 
-def _fields(model: BaseModel, as_json: bool) -> None:
-    """One object: JSON, or `name: value` lines."""
+def _fields(model: BaseModel, as_json: bool, exclude: dict[str, Any] | None = None) -> None:
+    """One object: JSON, or `name: value` lines (without what `exclude` names, as model_dump takes it)."""
     if as_json:
         typer.echo(_dump(_jsonable(model)))
         return
-    for name, value in model.model_dump().items():
+    for name, value in model.model_dump(exclude=exclude).items():
         typer.echo(f"{name}: {_cell(value)}")
 
 
@@ -567,9 +567,12 @@ def subscriptions_update(
     subscription = _call(
         url, lambda client: client.update_subscription(subscription_id, filter=subscription_filter, **policy)
     )
-    _fields(subscription, as_json)
-    if not as_json:
-        _said_push(subscription)
+    if as_json:
+        _fields(subscription, as_json)
+        return
+    # A new signing secret is said once, in its own line, not in the push field's too.
+    _fields(subscription, as_json, exclude={"push": {"secret"}})
+    _said_push(subscription)
 
 
 @subscriptions_app.command("rotate-push-secret")

@@ -315,6 +315,18 @@ def test_push_subscriptions(push_invoke: Invoke, conn: psycopg.Connection) -> No
     assert pulled["push"] is None
     assert stored_push(conn, "order-hooks") is None
 
+    # Pushing again: a new secret, said once in its own line (not in the push field's line too).
+    pushing = ok(invoke("subscriptions", "update", "order-hooks", "--push-endpoint", endpoint)).splitlines()
+    again = SAID_PUSH.fullmatch(pushing[-1])
+    assert again is not None, pushing
+    assert again[2] not in (first, second[2])
+    row = conn.execute("SELECT push_secret FROM fastpubsub.subscriptions WHERE id = 'order-hooks'").fetchone()
+    assert row == (again[2],)
+    assert sum(line.count(again[2]) for line in pushing) == 1
+    push_line = next(line for line in pushing if line.startswith("push: "))
+    assert json.loads(push_line.removeprefix("push: "))["endpoint"] == endpoint
+    assert "secret" not in json.loads(push_line.removeprefix("push: "))
+
 
 @pytest.mark.parametrize(
     ("args", "message"),
