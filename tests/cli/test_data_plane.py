@@ -323,9 +323,11 @@ def test_push_subscriptions(push_invoke: Invoke, conn: psycopg.Connection) -> No
     row = conn.execute("SELECT push_secret FROM fastpubsub.subscriptions WHERE id = 'order-hooks'").fetchone()
     assert row == (again[2],)
     assert sum(line.count(again[2]) for line in pushing) == 1
-    push_line = next(line for line in pushing if line.startswith("push: "))
-    assert json.loads(push_line.removeprefix("push: "))["endpoint"] == endpoint
-    assert "secret" not in json.loads(push_line.removeprefix("push: "))
+    push_field = json.loads(
+        next(line for line in pushing if line.startswith("push: ")).removeprefix("push: ")
+    )
+    assert push_field["endpoint"] == endpoint
+    assert "secret" not in push_field
 
 
 @pytest.mark.parametrize(
