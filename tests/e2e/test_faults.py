@@ -33,7 +33,11 @@ pytestmark = pytest.mark.slow
 
 LOAD_SECONDS = 6.0
 DRAIN_SECONDS = 25.0
-ACK_TRIES = 20  # an ack cut off by the fault is sent again, at most this often
+# An ack cut off by the fault is sent again until it is answered, for at most this
+# long: a restart of PostgreSQL under a loaded machine can take seconds, and an ack
+# given up on may have been committed (the reply lost in the crash), which the books
+# here would then count as never acked.
+ACK_RETRY_SECONDS = 20.0
 ACK_DEADLINE = 8  # leases outlast any ack by far: a redelivery after a 204 ack would be a lost ack
 
 
@@ -114,7 +118,8 @@ class Load:
     def ack(self, http: httpx.Client, ids: list[str]) -> None:
         """Ack until the server answers. A request cut off may have been acked or not: acking
         again is safe (ids no longer leased are ignored) and must not ack anything twice."""
-        for _ in range(ACK_TRIES):
+        deadline = time.monotonic() + ACK_RETRY_SECONDS
+        while time.monotonic() < deadline:
             try:
                 response = http.post("/subscriptions/s/acks", json=ids)
             except httpx.HTTPError as exc:
