@@ -148,7 +148,7 @@ async def test_a_publish_hands_its_message_to_a_parked_long_poll_which_then_make
     poll = await parked_long_poll(api, "c")
     looks, woken, handed = delivery.consumes.batches, hub.wakeups, hub.handoffs
     await api.post("/topics/t/messages", json=[{"n": 2}, {"n": 3}])
-    (message,) = await asyncio.wait_for(poll, 2)
+    (message,) = await asyncio.wait_for(poll, 10)
     assert (message["payload"], message["delivery_attempts"]) == ({"n": 2}, 1)
     assert hub.handoffs == handed + 1
     # Leased in the publish's transaction: the long-poll ran no consume, and the
@@ -175,7 +175,7 @@ async def test_with_handoffs_off_a_parked_long_poll_is_woken_and_looks_for_itsel
     poll = await parked_long_poll(api, "c")
     looks, woken = state.delivery.consumes.batches, state.hub.wakeups
     await api.post("/topics/t/messages", json=[{"n": 2}])
-    (message,) = await asyncio.wait_for(poll, 2)
+    (message,) = await asyncio.wait_for(poll, 10)
     assert message["payload"] == {"n": 2}
     assert state.hub.handoffs == 0
     assert (state.hub.wakeups, state.delivery.consumes.batches) == (woken + 1, looks + 1)
@@ -202,7 +202,7 @@ async def test_a_publish_that_fails_hands_nothing_and_the_long_poll_waits_on(
     assert not poll.done()  # still waiting: the publish, and its handoff, rolled back
     await settle_waiters(api, 1)  # and a publish may hand it messages again
     assert (await api.post("/topics/t/messages", json=[{"n": 5}])).status_code == 204
-    (message,) = await asyncio.wait_for(poll, 2)
+    (message,) = await asyncio.wait_for(poll, 10)
     assert (message["payload"], message["delivery_attempts"]) == ({"n": 5}, 1)
     assert hub.handoffs == handed + 1
 
@@ -261,7 +261,7 @@ async def test_news_a_reserved_long_poll_was_passed_over_for_wakes_it_if_the_pub
     assert not waiter.event.is_set()
     gate.set()
     assert (await refused).status_code == 429  # which leases nothing, so it looks after all
-    (message,) = await asyncio.wait_for(poll, 2)
+    (message,) = await asyncio.wait_for(poll, 10)
     assert message["payload"] == {"n": 5}
 
 
