@@ -47,6 +47,16 @@ def publish_script(path: str, body: bytes) -> str:
     )
 
 
+# The headers of a request with a JSON body: wrk's own (those given with -H,
+# the access token among them) and the content type. A request formatted with
+# headers of its own gets those alone.
+_JSON_HEADERS = (
+    "local json = {}\n"
+    "for name, value in pairs(wrk.headers) do json[name] = value end\n"
+    'json["Content-Type"] = "application/json"'
+)
+
+
 def consume_ack_script(subscription: str, consumer: str) -> str:
     """Lease one message, then ack it by id: two requests per message, on any of the connections.
 
@@ -60,7 +70,7 @@ setup = function(thread) table.insert(threads, thread) end
 local queue = {{}}
 local consume = wrk.format("GET", {_lua(base + "/messages?batch_size=1&consumer_id=" + consumer)})
 local ack_path = {_lua(base + "/acks")}
-local json = {{["Content-Type"] = "application/json"}}
+{_JSON_HEADERS}
 settled = 0
 request = function()
   local id = table.remove(queue)
@@ -105,7 +115,7 @@ local function now()
 end
 local RATE, START, TOTAL, STEP = {float(rate)!r}, {float(start)!r}, {int(total)}, {int(threads)}
 local PATH, FIELDS = {_lua(path)}, {_lua(fields)}
-local json = {{["Content-Type"] = "application/json"}}
+{_JSON_HEADERS}
 local set_up = 0
 setup = function(thread)
   thread:set("first", set_up)

@@ -14,11 +14,11 @@ import orjson
 import psycopg
 import pytest
 
-from fastpubsub.bench import ceiling, workloads
+from fastpubsub.bench import ceiling, workloads, wrk
 from fastpubsub.bench.client import Connection, HttpError
 from fastpubsub.db.urls import libpq_url
 from tests.conftest import PostgresServer
-from tests.e2e.conftest import FASTPUBSUB, Server, base_env
+from tests.e2e.conftest import FASTPUBSUB, Server, base_env, cli
 
 
 def bench(*args: str) -> dict[str, object]:
@@ -62,6 +62,36 @@ def test_end_to_end_publishes_from_wrk_and_receives_every_message(server: Server
     assert 40 <= e2e["msgs_per_s"] <= 55  # type: ignore[operator]  # at the pace asked for
     assert 0 < e2e["p50_ms"] <= e2e["p99_ms"] < 2000  # type: ignore[operator]
     assert 0 < e2e["publish_p50_ms"] <= e2e["publish_p99_ms"]  # type: ignore[operator]  # wrk's own figures
+
+
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="no wrk on PATH (apt-get install wrk)")
+def test_wrk_requests_carry_the_access_token(database_url: str, run_server: Callable[..., Server]) -> None:
+    """Against a server that checks tokens, every request wrk makes carries the one given.
+
+    The paced publishes of `bench e2e` and the acks of consume+ack have JSON
+    bodies, so their requests set headers of their own: those must keep the token.
+    """
+    server = run_server(base_env(database_url, auth_enabled="true", auth_secret_key="k" * 64))
+    created = dict(line.split("=", 1) for line in cli(server.env, "create-client", "bench", "*").split())
+    with server.client() as client:
+        answer = client.post("/oauth/token", json=created)
+        assert answer.status_code == 201, answer.text
+        token = answer.json()["access_token"]
+        headers = {"Authorization": f"Bearer {token}"}
+        client.post("/topics", json={"id": "wrk-token"}, headers=headers).raise_for_status()
+        client.post("/subscriptions", json={"id": "wrk-token-s", "topic_id": "wrk-token"}, headers=headers)
+        published = client.post(
+            "/topics/wrk-token/messages", json=[{"n": n} for n in range(500)], headers=headers
+        )
+        assert published.status_code == 204, published.text
+    e2e = bench("e2e", "--url", server.url, "--token", token, "--seconds", "2", "--rate", "50")
+    assert e2e["messages"] == 100
+    script = wrk.consume_ack_script("wrk-token-s", "wrk")
+    result = asyncio.run(wrk.run(server.url, "/", connections=4, seconds=2, script=script, token=token))
+    assert result.errors == 0
+    assert result.non_2xx == 0
+    assert result.settled > 0  # acks were sent, and answered 2xx
+    assert result.requests > result.settled
 
 
 def test_end_to_end_refuses_an_unknown_consumer(server: Server) -> None:
