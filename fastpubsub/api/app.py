@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from starlette.middleware.errors import ServerErrorMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from fastpubsub import __version__, console, migrate
+from fastpubsub import __version__, auth, console, migrate
 from fastpubsub.api import docs, errors, siblings
 from fastpubsub.api.backfill import Backfills
 from fastpubsub.api.delivery import Delivery
@@ -180,6 +180,7 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
     app.state.delivery = delivery
     app.state.backfills = backfills
     app.state.client_cache = ClientStateCache(ttl=settings.auth_client_cache_seconds)
+    app.state.verified_tokens = auth.VerifiedTokens(settings)
     app.state.schema_expectation = migrate.schema_expectation()
     app.state.token_failures = FailedAttempts(
         settings.auth_max_failed_attempts, settings.auth_failed_attempts_window_seconds

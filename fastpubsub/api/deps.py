@@ -129,7 +129,8 @@ async def authenticate(state: Any, authorization: str | None) -> Principal:
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise AuthenticationError("the Authorization header must be 'Bearer <token>'")
-    claims = auth.decode_token(settings, token.strip())
+    verified: auth.VerifiedTokens = state.verified_tokens
+    claims = verified.claims(token.strip())
     cache: ClientStateCache = state.client_cache
     if not await cache.is_current(state.database, claims):
         raise AuthenticationError("the access token has been revoked")

@@ -535,3 +535,71 @@ async def test_token_claims_must_have_their_exact_types(
         )
         assert response.status_code == 401, (wrong, response.text)
         assert response.json() == {"detail": "the access token is not valid"}
+
+
+async def test_a_token_is_verified_once_and_then_recognised(
+    secured: httpx.AsyncClient, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Verifying a token costs as much as a one-message publish: a token seen before is not verified again."""
+    client_id, secret = await create_client_record(database_url, "topics:read")
+    headers = {"Authorization": f"Bearer {await token_for(secured, client_id, secret)}"}
+    verified: list[str] = []
+    real = jwt.decode
+
+    def counting(token: str, *args: object, **kwargs: object) -> dict:
+        verified.append(token)
+        return real(token, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("fastpubsub.auth.jwt.decode", counting)
+    for _ in range(3):
+        assert (await secured.get("/topics", headers=headers)).status_code == 200
+    assert len(verified) == 1
+    # Another token of the same client is verified in its turn.
+    other = {"Authorization": f"Bearer {await token_for(secured, client_id, secret)}"}
+    assert (await secured.get("/topics", headers=other)).status_code == 200
+    assert (await secured.get("/topics", headers=other)).status_code == 200
+    assert len(verified) == 2
+
+
+async def test_a_recognised_token_is_refused_once_it_expires(
+    secured: httpx.AsyncClient, database_url: str
+) -> None:
+    client_id, secret = await create_client_record(database_url, "*")
+    claims = jwt.decode(await token_for(secured, client_id, secret), options={"verify_signature": False})
+    expires = int(time.time()) + 2
+    headers = {"Authorization": "Bearer " + forged({**claims, "exp": expires})}
+    assert (await secured.get("/topics", headers=headers)).status_code == 200
+    await asyncio.sleep(max(expires - time.time(), 0) + 0.05)
+    for _ in range(2):  # and stays refused
+        response = await secured.get("/topics", headers=headers)
+        assert response.status_code == 401
+        assert response.json() == {"detail": "the access token has expired"}
+
+
+async def test_a_refused_token_is_checked_again_each_time(
+    secured: httpx.AsyncClient, database_url: str
+) -> None:
+    """Only tokens that passed are recognised: a tampered one fails every time, however often it comes."""
+    client_id, secret = await create_client_record(database_url, "*")
+    token = await token_for(secured, client_id, secret)
+    assert (await secured.get("/topics", headers={"Authorization": f"Bearer {token}"})).status_code == 200
+    header, payload, signature = token.split(".")
+    tampered_claims = {**json.loads(base64.urlsafe_b64decode(payload + "==")), "scope": "* topics:read"}
+    tampered_payload = base64.urlsafe_b64encode(json.dumps(tampered_claims).encode()).rstrip(b"=").decode()
+    for bad in (f"{header}.{tampered_payload}.{signature}", f"{token}x"):
+        for _ in range(2):
+            response = await secured.get("/topics", headers={"Authorization": f"Bearer {bad}"})
+            assert response.status_code == 401, bad
+            assert response.json() == {"detail": "the access token is not valid"}
+
+
+async def test_at_most_so_many_tokens_are_kept(
+    secured: httpx.AsyncClient, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("fastpubsub.auth.VerifiedTokens.MAX_TOKENS", 2)
+    kept = secured.app.state.verified_tokens  # type: ignore[attr-defined]
+    client_id, secret = await create_client_record(database_url, "topics:read")
+    tokens = [await token_for(secured, client_id, secret) for _ in range(5)]
+    for token in tokens * 2:  # each still works after the table was emptied
+        assert (await secured.get("/topics", headers={"Authorization": f"Bearer {token}"})).status_code == 200
+        assert len(kept._known) <= 2
