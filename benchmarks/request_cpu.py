@@ -1,6 +1,7 @@
 """CPU the server and PostgreSQL spend per request, for the one-message-per-request workloads.
 
     python benchmarks/request_cpu.py [--workers 1] [--rounds 3] [--seconds 6] [--connections 32] [--rate 2000]
+                                     [--auth]
 
 Starts a throwaway embedded PostgreSQL and a `fastpubsub server` with
 `--workers` workers, then in each round loads it with wrk (a compiled
@@ -17,7 +18,9 @@ most the server can take, a request costs more than flat out: fewer
 requests share each group commit, and the processes sleep and wake between
 them. With one worker (the default)
 the server's figure is one process's. Prints a line per phase and round, the
-medians, and a JSON line.
+medians, and a JSON line. With `--auth` the server checks access tokens
+(FASTPUBSUB_AUTH_ENABLED) and every request carries one, as a client's would:
+what authentication adds to a request.
 """
 
 from __future__ import annotations
@@ -27,11 +30,15 @@ import asyncio
 import json
 import statistics
 import time
+import uuid
 from typing import Any
 
+import httpx
 import psutil
 
+from fastpubsub import auth
 from fastpubsub.bench import suite, workloads, wrk
+from fastpubsub.db import Database
 
 PHASES = ("liveness", "publish", "consume+ack", "paced publish")
 
@@ -72,6 +79,7 @@ async def phase(
         connections=connections or options.connections,
         seconds=seconds or options.seconds,
         script=script,
+        token=options.token,
     )
     after = cpu_seconds(pid)
     if result.errors or result.non_2xx or not result.requests:
@@ -99,10 +107,28 @@ async def paced(url: str, pid: int, topic: str, options: argparse.Namespace) -> 
     return figure
 
 
+async def access_token(url: str, database_url: str) -> str:
+    """A token of a new client holding every scope, from the server's token endpoint."""
+    client_id, secret = uuid.uuid4(), auth.generate_secret()
+    database = Database(database_url, pool_size=1, max_overflow=0)
+    try:
+        await database.create_client(client_id, "request_cpu", "*", True, auth.hash_secret(secret))
+    finally:
+        await database.close()
+    async with httpx.AsyncClient(base_url=url) as client:
+        credentials = {"client_id": str(client_id), "client_secret": secret}
+        answer = await client.post("/oauth/token", json=credentials)
+        answer.raise_for_status()
+        return str(answer.json()["access_token"])
+
+
 async def main(options: argparse.Namespace) -> None:
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in PHASES}
+    settings = {"FASTPUBSUB_AUTH_ENABLED": "true", "FASTPUBSUB_AUTH_SECRET_KEY": auth.generate_signing_key()}
     with suite.database(None) as (database_url, _):
-        async with suite.server(database_url, options.workers) as (url, pid):
+        server = suite.server(database_url, options.workers, settings if options.auth else None)
+        async with server as (url, pid):
+            options.token = await access_token(url, database_url) if options.auth else None
             topic = workloads.unique("cpu")
             await asyncio.to_thread(workloads.sql_setup, database_url, topic, [(f"{topic}-s", None)])
             publish = wrk.publish_script(f"/topics/{topic}/messages", workloads.batch_body(1, 230))
@@ -123,7 +149,12 @@ async def main(options: argparse.Namespace) -> None:
                         flush=True,
                     )
     phases = [name for name in PHASES if rounds[name]]
-    summary: dict[str, Any] = {"workers": options.workers, "rate": options.rate, "rounds": rounds}
+    summary: dict[str, Any] = {
+        "workers": options.workers,
+        "rate": options.rate,
+        "auth": options.auth,
+        "rounds": rounds,
+    }
     for name in phases:
         for key in ("requests_per_s", "server_us", "postgres_us"):
             summary[f"{name}_{key}"] = statistics.median(r[key] for r in rounds[name])
@@ -145,4 +176,5 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=6)
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--rate", type=float, default=2000, help="paced publishes a second (0: none)")
+    parser.add_argument("--auth", action="store_true", help="check access tokens; every request carries one")
     asyncio.run(main(parser.parse_args()))
