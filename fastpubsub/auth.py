@@ -119,13 +119,11 @@ def issue_token(
     return token, lifetime
 
 
-def decode_token(settings: Settings, token: str) -> TokenClaims:
-    """Verify signature (only the configured algorithm: never `none`), expiry and shape."""
-    return _decode(settings, token)[0]
+def decode_token(settings: Settings, token: str) -> tuple[TokenClaims, int]:
+    """Verify signature (only the configured algorithm: never `none`), expiry and shape.
 
-
-def _decode(settings: Settings, token: str) -> tuple[TokenClaims, int]:
-    """decode_token, with the token's expiry (seconds since the epoch)."""
+    The claims, and the token's expiry (seconds since the epoch).
+    """
     try:
         claims = jwt.decode(
             token,
@@ -174,7 +172,7 @@ class VerifiedTokens:
         """The token's claims; AuthenticationError if it is not valid or has expired."""
         known = self._known.get(token)
         if known is None:
-            known = _decode(self.settings, token)
+            known = decode_token(self.settings, token)
             if len(self._known) >= self.MAX_TOKENS:
                 self._known.clear()
             self._known[token] = known
