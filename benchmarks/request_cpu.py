@@ -124,9 +124,13 @@ async def access_token(url: str, database_url: str) -> str:
 
 async def main(options: argparse.Namespace) -> None:
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in PHASES}
-    settings = {"FASTPUBSUB_AUTH_ENABLED": "true", "FASTPUBSUB_AUTH_SECRET_KEY": auth.generate_signing_key()}
+    settings = (
+        {"FASTPUBSUB_AUTH_ENABLED": "true", "FASTPUBSUB_AUTH_SECRET_KEY": auth.generate_signing_key()}
+        if options.auth
+        else None
+    )
     with suite.database(None) as (database_url, _):
-        server = suite.server(database_url, options.workers, settings if options.auth else None)
+        server = suite.server(database_url, options.workers, settings)
         async with server as (url, pid):
             options.token = await access_token(url, database_url) if options.auth else None
             topic = workloads.unique("cpu")
