@@ -41,37 +41,62 @@ class ClientStateCache:
 
     Revocation (update, disable, delete, secret rotation) takes effect within the
     cache lifetime (at most 5 s by configuration) without a database lookup on
-    every request. While the database cannot be asked, the last state this
-    process read stands (nothing can be revoked meanwhile): requests that need
-    no database, such as /metrics, go on being served to known clients.
+    every request. When a client's entry runs out, the requests that need it
+    meanwhile share one lookup. While the database cannot be asked, the last
+    state this process read stands (nothing can be revoked meanwhile): requests
+    that need no database, such as /metrics, go on being served to known
+    clients.
     """
 
     ttl: float
     _entries: dict[UUID, tuple[float, bool, int]] = field(default_factory=dict)
-    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _lookups: dict[UUID, asyncio.Future[tuple[float, bool, int]]] = field(default_factory=dict)
+    # Raised by forget: a lookup that began before it keeps what it read out of the cache.
+    _forgotten: int = 0
 
     async def is_current(self, db: Database, claims: auth.TokenClaims) -> bool:
-        now = time.monotonic()
         entry = self._entries.get(claims.client_id)
-        if entry is None or entry[0] <= now:
+        if entry is None or entry[0] <= time.monotonic():
             try:
-                state = await db.client_token_state(claims.client_id)
+                entry = await asyncio.shield(self._lookup(db, claims.client_id))
             except (DatabaseUnavailableError, StatementTimeoutError):
                 if entry is None:
                     raise
-                return entry[1] and entry[2] == claims.token_version
-            entry = (
-                now + self.ttl,
-                state is not None and state.is_active,
-                state.token_version if state else -1,
-            )
+        return entry[1] and entry[2] == claims.token_version
+
+    def _lookup(self, db: Database, client_id: UUID) -> asyncio.Future[tuple[float, bool, int]]:
+        """The lookup of the client's state under way, or a new one."""
+        lookup = self._lookups.get(client_id)
+        if lookup is None:
+            lookup = asyncio.ensure_future(self._read(db, client_id))
+            self._lookups[client_id] = lookup
+            lookup.add_done_callback(lambda done: self._done(client_id, done))
+        return lookup
+
+    async def _read(self, db: Database, client_id: UUID) -> tuple[float, bool, int]:
+        forgotten, asked = self._forgotten, time.monotonic()
+        state = await db.client_token_state(client_id)
+        entry = (
+            asked + self.ttl,
+            state is not None and state.is_active,
+            state.token_version if state else -1,
+        )
+        if forgotten == self._forgotten:
             if len(self._entries) > 10000:
                 self._entries.clear()
-            self._entries[claims.client_id] = entry
-        return entry[1] and entry[2] == claims.token_version
+            self._entries[client_id] = entry
+        return entry
+
+    def _done(self, client_id: UUID, lookup: asyncio.Future[tuple[float, bool, int]]) -> None:
+        if self._lookups.get(client_id) is lookup:
+            del self._lookups[client_id]
+        if not lookup.cancelled():
+            lookup.exception()  # read here too, in case every caller had gone
 
     def forget(self, client_id: UUID) -> None:
         self._entries.pop(client_id, None)
+        self._lookups.pop(client_id, None)
+        self._forgotten += 1
 
 
 @dataclass(frozen=True)

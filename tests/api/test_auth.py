@@ -285,6 +285,69 @@ async def test_revocation_takes_effect_within_the_cache_lifetime(
     assert (await api.get("/topics", headers=admin)).status_code == 200
 
 
+def count_state_lookups(
+    api: httpx.AsyncClient, *, hold: float, read: asyncio.Event | None = None
+) -> list[uuid.UUID]:
+    """Record each client-state lookup the app makes; each holds its answer `hold` s after reading it.
+
+    `read` is set once a lookup has read the state.
+    """
+    database: Database = api.app.state.database  # type: ignore[attr-defined]
+    read_state = database.client_token_state
+    lookups: list[uuid.UUID] = []
+
+    async def counted(client_id: uuid.UUID) -> object:
+        lookups.append(client_id)
+        state = await read_state(client_id)
+        if read is not None:
+            read.set()
+        await asyncio.sleep(hold)
+        return state
+
+    database.client_token_state = counted  # type: ignore[method-assign]
+    return lookups
+
+
+async def test_requests_that_find_a_client_state_run_out_share_one_lookup(
+    make_api: ClientFactory, database_url: str
+) -> None:
+    api = await make_api(auth_enabled=True, auth_client_cache_seconds=0.5)
+    client_id, secret = await create_client_record(database_url, "topics:read")
+    headers = {"Authorization": f"Bearer {await token_for(api, client_id, secret)}"}
+    lookups = count_state_lookups(api, hold=0.1)
+    for _ in range(2):  # the first requests, then again once the state has run out
+        answers = await asyncio.gather(*(api.get("/topics", headers=headers) for _ in range(20)))
+        assert [a.status_code for a in answers] == [200] * 20
+        assert lookups == [uuid.UUID(client_id)]
+        assert (await api.get("/topics", headers=headers)).status_code == 200  # kept meanwhile
+        assert len(lookups) == 1
+        await asyncio.sleep(0.6)
+        lookups.clear()
+
+
+async def test_a_lookup_under_way_when_this_process_revokes_a_client_does_not_bring_it_back(
+    make_api: ClientFactory, database_url: str
+) -> None:
+    api = await make_api(auth_enabled=True, auth_client_cache_seconds=5)
+    admin_id, admin_secret = await create_client_record(database_url, "*")
+    admin = {"Authorization": f"Bearer {await token_for(api, admin_id, admin_secret)}"}
+    assert (await api.get("/topics", headers=admin)).status_code == 200  # the admin's state is kept
+    client_id, secret = await create_client_record(database_url, "topics:read")
+    headers = {"Authorization": f"Bearer {await token_for(api, client_id, secret)}"}
+    read = asyncio.Event()
+    lookups = count_state_lookups(api, hold=0.5, read=read)
+    # The client's state is read (active), and held while the admin disables it.
+    before = asyncio.create_task(api.get("/topics", headers=headers))
+    await asyncio.wait_for(read.wait(), 10)
+    update = {"name": "n", "scopes": "topics:read", "is_active": False}
+    assert (await api.put(f"/clients/{client_id}", json=update, headers=admin)).status_code == 200
+    assert (await before).status_code == 200  # it was asked before the change
+    after = await api.get("/topics", headers=headers)
+    assert after.status_code == 401
+    assert after.json() == {"detail": "the access token has been revoked"}
+    assert lookups == [uuid.UUID(client_id)] * 2
+
+
 async def test_object_specific_scopes_apply_to_the_object_touched(
     secured: httpx.AsyncClient, bearer: Bearer
 ) -> None:
