@@ -265,14 +265,18 @@ async def test_updating_disabling_rotating_and_deleting_revoke_tokens(
         assert revoked.json() == {"detail": "the access token has been revoked"}
 
 
+async def signed_in(api: httpx.AsyncClient, database_url: str, scopes: str) -> tuple[str, dict[str, str]]:
+    """A new client with these scopes, and the Authorization header of a token of its own."""
+    client_id, secret = await create_client_record(database_url, scopes)
+    return client_id, {"Authorization": f"Bearer {await token_for(api, client_id, secret)}"}
+
+
 async def test_revocation_takes_effect_within_the_cache_lifetime(
     make_api: ClientFactory, database_url: str
 ) -> None:
     api = await make_api(auth_enabled=True, auth_client_cache_seconds=1)
-    admin_id, admin_secret = await create_client_record(database_url, "*")
-    admin = {"Authorization": f"Bearer {await token_for(api, admin_id, admin_secret)}"}
-    client_id, secret = await create_client_record(database_url, "topics:read")
-    headers = {"Authorization": f"Bearer {await token_for(api, client_id, secret)}"}
+    _, admin = await signed_in(api, database_url, "*")
+    client_id, headers = await signed_in(api, database_url, "topics:read")
     assert (await api.get("/topics", headers=headers)).status_code == 200
     # Another worker process would not see this request: change it behind the API's back.
     database = Database(database_url, pool_size=1, max_overflow=0)
@@ -312,8 +316,7 @@ async def test_requests_that_find_a_client_state_run_out_share_one_lookup(
     make_api: ClientFactory, database_url: str
 ) -> None:
     api = await make_api(auth_enabled=True, auth_client_cache_seconds=0.5)
-    client_id, secret = await create_client_record(database_url, "topics:read")
-    headers = {"Authorization": f"Bearer {await token_for(api, client_id, secret)}"}
+    client_id, headers = await signed_in(api, database_url, "topics:read")
     lookups = count_state_lookups(api, hold=0.1)
     for _ in range(2):  # the first requests, then again once the state has run out
         answers = await asyncio.gather(*(api.get("/topics", headers=headers) for _ in range(20)))
@@ -329,11 +332,9 @@ async def test_a_lookup_under_way_when_this_process_revokes_a_client_does_not_br
     make_api: ClientFactory, database_url: str
 ) -> None:
     api = await make_api(auth_enabled=True, auth_client_cache_seconds=5)
-    admin_id, admin_secret = await create_client_record(database_url, "*")
-    admin = {"Authorization": f"Bearer {await token_for(api, admin_id, admin_secret)}"}
+    _, admin = await signed_in(api, database_url, "*")
     assert (await api.get("/topics", headers=admin)).status_code == 200  # the admin's state is kept
-    client_id, secret = await create_client_record(database_url, "topics:read")
-    headers = {"Authorization": f"Bearer {await token_for(api, client_id, secret)}"}
+    client_id, headers = await signed_in(api, database_url, "topics:read")
     read = asyncio.Event()
     lookups = count_state_lookups(api, hold=0.5, read=read)
     # The client's state is read (active), and held while the admin disables it.
