@@ -323,6 +323,16 @@ class PushWorker:
             self._end_line(subscription_id)
         for subscription in current.values():
             line = self.lines.get(subscription.id)
+            if (
+                line is not None
+                and line.task is not None
+                and line.task.done()
+                and not self.hub.stopping.is_set()
+            ):
+                # Its lease loop ended on finding it deleted, and a subscription of the same
+                # id was made since: a line of its own for the new one.
+                self._end_line(subscription.id)
+                line = None
             if line is None:
                 self._start_line(subscription)
             else:

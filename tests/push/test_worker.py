@@ -217,6 +217,30 @@ async def test_a_deleted_subscription_is_no_longer_pushed_nor_labelled(
             assert names == set()
 
 
+async def test_a_subscription_deleted_and_made_again_between_refreshes_is_pushed_again(
+    db: Database, database_url: str
+) -> None:
+    async with receiving() as (receiver, url):
+        await push_subscription(db, url)
+        async with working(database_url, push_allowed_hosts="127.0.0.1", push_refresh_seconds=60) as worker:
+            await db.publish("t", [{"n": 1}])
+            await wait_for(lambda: _acked(db, 1))
+            await db.delete_subscription("s")
+            # Something wakes the line before the next refresh (a request of another
+            # subscription ending does): it finds the subscription gone, and stops.
+            line = worker.lines["s"]
+            line.window.wake()
+            assert line.task is not None
+            await asyncio.wait_for(asyncio.shield(line.task), 10)
+            push = {"endpoint": url, "timeout_seconds": 5, "max_concurrency": 4}
+            await db.create_subscription("s", "t", push=push, push_secret=signing.new_secret())
+            await db.publish("t", [{"n": 2}])
+            await worker.refresh()
+            await wait_for(lambda: _acked(db, 1))
+            assert worker.lines["s"] is not line
+    assert receiver.succeeded == 2
+
+
 @pytest.mark.parametrize(
     ("url", "refused"),
     [
