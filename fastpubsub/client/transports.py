@@ -325,8 +325,11 @@ class WebSocketTransport(HttpSettlement):
                 code = exc.rcvd.code if exc.rcvd is not None else None
                 credentials = session.client.connection.credentials
                 if code == 4401 and token is not None and not renewed and credentials.renewable:
-                    # Expired early or revoked (the client was updated): one new token, then give up.
-                    credentials.forget(token)
+                    # Expired early or revoked (the client was updated): one new token, then give
+                    # up. Not only the token the socket opened with: it may have been renewed on
+                    # the socket since, and one fetched before the close may be revoked as well.
+                    if (cached := credentials.current()) is not None:
+                        credentials.forget(cached)
                     renewed = True
                     continue
                 if code in _FINAL_CLOSES:

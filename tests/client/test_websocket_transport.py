@@ -214,6 +214,40 @@ def test_a_socket_whose_token_was_revoked_opens_again_with_a_new_one(secured: Se
         assert consumer.stats.acked == 10
 
 
+def test_a_socket_revoked_after_its_token_was_renewed_on_it_opens_again(
+    secured: Server,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The token the socket opened with was renewed on it (an auth frame), then the client was
+    updated: the new token is the one refused, and the consumer fetches another and goes on."""
+    from fastpubsub.client import transports
+
+    monkeypatch.setattr(transports, "TOKEN_CHECK_SECONDS", 0.1)
+    client_id, secret = new_client(secured, "*")
+    # One-minute tokens renewed after about 2 s.
+    with (
+        Client(secured.url, client_id=client_id, client_secret=secret, token_refresh_margin=58) as client,
+        Subscriber(client) as subscriber,
+    ):
+        client.create_topic("t")
+        client.create_subscription("s", "t")
+        consumer = subscriber.subscribe("s", lambda message: None, transport="websocket")
+        publish(client, "t", 5)
+        wait_until(lambda: settled_everything(client, "s", 5), 30, "the first 5 acked")
+        credentials = client.aio.connection.credentials
+        fetched = credentials.fetched
+        wait_until(lambda: credentials.fetched > fetched, 30, "a renewed token")
+        time.sleep(0.5)  # sent on the socket meanwhile (checked every 0.1 s)
+        fetched = credentials.fetched
+        cli(secured.env, "update-client", client_id, "--name", "renamed")  # revokes its tokens
+        wait_until(lambda: credentials.fetched > fetched, 30, "a new token")
+        publish(client, "t", 5)
+        wait_until(lambda: settled_everything(client, "s", 10), 30, "all 10 acked")
+        wait_until(lambda: consumer.stats.acked == 10, 30, "the acks' answers")
+        assert not consumer.finished
+        assert consumer.error is None
+
+
 async def test_an_open_socket_sends_the_token_the_credentials_renew() -> None:
     """Every token the credentials hand out after the socket opened goes to the server on it, once."""
     import asyncio
