@@ -384,6 +384,51 @@ async def test_a_socket_closes_once_its_client_is_disabled(
     assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (4401, "the access token has been revoked")
 
 
+async def test_a_new_token_with_narrower_scopes_ends_the_streams_it_may_not_consume(
+    database_url: str, run_server: Callable[..., Server]
+) -> None:
+    """An auth frame may bring a token narrowed to fewer subscriptions (OAuth2's `scope`): the
+    streams it does not cover end (403, as subscribing would be refused), the others go on."""
+    key = re.search(r"^new_secret=(\S+)$", cli(base_env(database_url), "generate-secret-key"), re.M)
+    assert key is not None
+    env = base_env(database_url, auth_enabled="true", auth_secret_key=key.group(1))
+    server = run_server(env)
+    values = dict(line.split("=", 1) for line in cli(env, "create-client", "ws", "*", "true").split())
+    credentials = {"client_id": values["client_id"], "client_secret": values["client_secret"]}
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
+        token = (await http.post("/oauth/token", json=credentials)).json()["access_token"]
+        headers = {"Authorization": f"Bearer {token}"}
+        await http.post("/topics", json={"id": "t"}, headers=headers)
+        for name in ("s1", "s2"):
+            await http.post("/subscriptions", json={"id": name, "topic_id": "t"}, headers=headers)
+        narrowed = await http.post(
+            "/oauth/token",
+            data={**credentials, "grant_type": "client_credentials", "scope": "subscriptions:consume:s2"},
+        )
+        assert narrowed.status_code == 200, narrowed.text
+        async with open_socket(server, "/ws", additional_headers=headers) as ws:
+            for name in ("s1", "s2"):
+                await ws.send(json.dumps({"type": "subscribe", "id": name, "subscription": name}))
+                assert (await frame(ws))["type"] == "subscribed"
+            await ws.send(json.dumps({"type": "auth", "id": "a", "token": narrowed.json()["access_token"]}))
+            ended = await frame(ws)
+            assert ended == {
+                "type": "error",
+                "subscription": "s1",
+                "status": 403,
+                "detail": 'unsubscribed: this requires the scope "subscriptions:consume" on s1',
+            }
+            assert await frame(ws) == {"type": "authenticated", "id": "a"}
+            assert (
+                await http.post("/topics/t/messages", json=[{"n": 1}], headers=headers)
+            ).status_code == 204
+            got = [m["message"]["subscription_id"] for m in await quiet(ws, 1.5)]
+        assert got == ["s2"]
+        # s1's message was not leased by the stream that ended: another consumer takes it at once.
+        polled = await http.get("/subscriptions/s1/messages", params={"consumer_id": "c"}, headers=headers)
+        assert [m["payload"] for m in polled.json()["data"]] == [{"n": 1}]
+
+
 async def test_a_frame_over_a_mebibyte_in_utf8_closes_the_socket(server: Server) -> None:
     """The limit counts bytes: 700,000 two-byte characters are 1.4 MB."""
     setup(server)

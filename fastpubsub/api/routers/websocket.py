@@ -52,7 +52,12 @@ from fastpubsub.api.schemas import (
     StrictBool,
     StrictInt,
 )
-from fastpubsub.exceptions import AuthenticationError, FastPubSubError, InvalidInputError
+from fastpubsub.exceptions import (
+    AuthenticationError,
+    FastPubSubError,
+    InvalidInputError,
+    PermissionDeniedError,
+)
 from fastpubsub.logs import one_line
 from fastpubsub.settings import Settings
 
@@ -289,10 +294,11 @@ class Connection:
             await self._answer(frame, {"type": "pong"})
         elif isinstance(frame, Auth):  # a new token, e.g. before the first one expires
             try:
-                self.principal = await authenticate(self.state, f"Bearer {frame.token}")
+                renewed = await authenticate(self.state, f"Bearer {frame.token}")
             except AuthenticationError as exc:
                 raise _Closed(CLOSE_UNAUTHENTICATED, exc.message) from None
             self.authorization = f"Bearer {frame.token}"
+            await self._take(renewed)
             await self._answer(frame, {"type": "authenticated"})
         elif isinstance(frame, Subscribe):
             await self._subscribe(frame)
@@ -325,6 +331,22 @@ class Connection:
             await self._settle(frame)
         else:
             await self._publish(frame)
+
+    async def _take(self, principal: Principal) -> None:
+        """A new token's principal. Its scopes may be narrower than the last one's: each stream of a
+        subscription it may not consume ends, saying why (the socket of /subscriptions/{id}/ws
+        closes, 4403, as it would have been refused)."""
+        self.principal = principal
+        for subscription_id in list(self.streams):
+            try:
+                principal.require("subscriptions:consume", subscription_id)
+            except PermissionDeniedError as exc:
+                task, _ = self.streams.pop(subscription_id)
+                task.cancel()
+                if subscription_id == self.default_subscription:
+                    raise _Closed(CLOSE_FORBIDDEN, exc.message) from None
+                error = {"type": "error", "subscription": subscription_id, "status": status_for(exc)}
+                await self.send({**error, "detail": f"unsubscribed: {exc.message}"})
 
     def _subscription(self, named: str | None) -> str:
         subscription_id = named or self.default_subscription
@@ -490,6 +512,8 @@ class _TokenWatch:
                     principal = await authenticate(self.state, authorization)
                 except AuthenticationError as exc:
                     for connection in connections:
+                        if connection.authorization != authorization:
+                            continue  # an auth frame brought another token meanwhile: checked next round
                         self.discard(connection)
                         closing = asyncio.create_task(connection.revoke(exc.message))
                         self._closing.add(closing)
