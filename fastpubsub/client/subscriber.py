@@ -362,14 +362,17 @@ class Consumer:
             ]
             if not due:
                 continue
+            leases = [held.lease for held in due]
             try:
-                not_held = set(await self.transport.extend(self._session, [h.lease for h in due], deadline))
+                not_held = set(await self.transport.extend(self._session, leases, deadline))
             except Exception as exc:
                 # Tried again next round, while there is time left on the leases.
                 log.warning("extending %d leases of %s failed: %s", len(due), self.subscription_id, exc)
                 continue
             self.stats.extended += len(due) - len(not_held)
-            for held in due:
+            for held, lease in zip(due, leases, strict=True):
+                if held.receipt != lease.receipt:
+                    continue  # it ran out and came back meanwhile: the answer was about the lease before
                 if held.message.id in not_held:
                     held.lost = True  # it will come again; the callback's outcome will not count
                 else:

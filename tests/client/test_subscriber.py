@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -28,6 +28,7 @@ from fastpubsub.client import (
     Publisher,
     Subscriber,
 )
+from fastpubsub.client.transports import Lease, Session, StreamTransport
 from tests.e2e.conftest import Server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,6 +110,55 @@ def test_a_slow_callback_keeps_its_lease(server: Server) -> None:
             wait_until(lambda: consumer.stats.acked == 1, 30, "the ack")
         assert calls == [(message_id, 1)]  # never redelivered while it ran
         assert consumer.stats.extended >= 4
+        assert settled_everything(client, "s", 1)
+
+
+class SlowFirstExtension(StreamTransport):
+    """A stream whose first lease extension is answered only once a message came back: it ran out
+    meanwhile (a slow network, or retries through an outage), and the stream took it again."""
+
+    def __init__(self) -> None:
+        self.deliveries: Counter[UUID] = Counter()
+        self.came_back = asyncio.Event()
+        self.extensions = 0
+
+    async def receive(self, session: Session) -> None:
+        deliver = session.deliver
+
+        def counted(message: MessageOut, size: int) -> None:
+            self.deliveries[message.id] += 1
+            if self.deliveries[message.id] > 1:
+                self.came_back.set()
+            deliver(message, size)
+
+        session.deliver = counted
+        await super().receive(session)
+
+    async def extend(self, session: Session, leases: Sequence[Lease], seconds: int) -> list[UUID]:
+        self.extensions += 1
+        if self.extensions == 1:
+            await asyncio.wait_for(self.came_back.wait(), 20)
+        return await super().extend(session, leases, seconds)
+
+
+def test_an_extension_answered_after_the_message_came_back_keeps_the_new_lease(server: Server) -> None:
+    """The late answer says the first lease is no longer held. The lease the message came back
+    with is another: it is extended as the callback runs on, and the message comes no third time."""
+    with Client(server.url) as client:
+        client.create_topic("t")
+        client.create_subscription(
+            "s", "t", ack_deadline_seconds=1, backoff_min_seconds=0, backoff_max_seconds=0
+        )
+        (message_id,) = publish(client, "t", 1)
+        transport = SlowFirstExtension()
+
+        def handle(message: MessageOut) -> None:
+            time.sleep(4)  # four ack deadlines
+
+        with Subscriber(client) as subscriber:
+            consumer = subscriber.subscribe("s", handle, transport=transport)
+            wait_until(lambda: consumer.stats.acked == 1, 30, "the ack")
+        assert transport.deliveries == Counter({message_id: 2})
         assert settled_everything(client, "s", 1)
 
 
