@@ -324,6 +324,8 @@ class WakeHub:
         # Consumers parked in the sibling workers, as they said (`!park`): subscription ->
         # {worker pid: (consumer, demand, news)}; a publish here may lease messages for them.
         self._sibling_parked: dict[str, dict[int, tuple[str, int, int]]] = {}
+        # Those taken by a publish under way (reserve_sibling), until it has leased or given them back.
+        self._sibling_reserved: dict[tuple[str, int], tuple[str, int, int]] = {}
         self.sibling_handoffs_sent = 0  # for the tests: messages leased here for a sibling's consumer
         self.sibling_handoffs_taken = 0  # and those a sibling leased for a consumer here, taken
         # Called with what a publish leased for a waiter that had gone by then
@@ -620,13 +622,19 @@ class WakeHub:
         del parked[pid]
         if not parked:
             del self._sibling_parked[subscription_id]
+        self._sibling_reserved[subscription_id, pid] = (consumer, demand, news)
         return pid, consumer, demand, news
 
     def unreserve_sibling(
         self, subscription_id: str, pid: int, consumer: str, demand: int, news: int
     ) -> None:
-        """A publish reserved that sibling's consumer and leased it nothing: others here may again."""
-        self._sibling_parked.setdefault(subscription_id, {}).setdefault(pid, (consumer, demand, news))
+        """A publish reserved that sibling's consumer and leased it nothing: others here may again.
+
+        Unless the sibling has said something of it since (it stopped waiting, or waits anew):
+        what it said last stands.
+        """
+        if self._sibling_reserved.pop((subscription_id, pid), None) is not None:
+            self._sibling_parked.setdefault(subscription_id, {}).setdefault(pid, (consumer, demand, news))
 
     def hand_to_sibling(
         self,
@@ -642,6 +650,7 @@ class WakeHub:
         `all_as_of`: the news count its worker said it was parked at, when the
         lease took all there was (and `due` what falls due next); -1 otherwise.
         """
+        self._sibling_reserved.pop((subscription_id, pid), None)
         if self.relay is None or self.stopping.is_set():  # (see _send: its sibling may drop it unread)
             return False
         pairs = orjson.dumps([[str(message_id), data] for message_id, data in events]).decode()
@@ -658,6 +667,7 @@ class WakeHub:
         kind, _, words = head.partition(" ")
         if kind == PARK:
             pid, demand, news, subscription_id, consumer = words.split(" ", 4)
+            self._sibling_reserved.pop((subscription_id, int(pid)), None)
             self._sibling_parked.setdefault(subscription_id, {})[int(pid)] = (
                 consumer,
                 int(demand),
@@ -665,6 +675,7 @@ class WakeHub:
             )
         elif kind == UNPARK:
             pid, subscription_id = words.split(" ", 1)
+            self._sibling_reserved.pop((subscription_id, int(pid)), None)
             parked = self._sibling_parked.get(subscription_id)
             if parked is not None:
                 parked.pop(int(pid), None)

@@ -809,6 +809,30 @@ async def test_a_stopping_worker_tells_its_siblings_none_of_its_consumers_is_par
     assert await asyncio.wait_for(asyncio.gather(*polls), 5) == [[], []]
 
 
+async def test_a_sibling_consumer_that_stopped_waiting_while_reserved_is_not_reserved_again(
+    api: httpx.AsyncClient,
+) -> None:
+    """A publish here reserved a consumer a sibling said was parked; meanwhile the sibling said it
+    no longer is. The publish leased it nothing: the next publish must not lease for it."""
+    hub = api.app.state.hub  # type: ignore[attr-defined]
+    hub._sibling_handoff(f"{wakeups.PARK} 4242 10 0 s c")
+    reserved = hub.reserve_sibling("s")
+    assert reserved == (4242, "c", 10, 0)
+    hub._sibling_handoff(f"{wakeups.UNPARK} 4242 s")
+    hub.unreserve_sibling("s", *reserved)
+    assert hub.reserve_sibling("s") is None
+    # Parked anew meanwhile: what it said last is what the next publish finds.
+    hub._sibling_handoff(f"{wakeups.PARK} 4242 10 0 s c")
+    reserved = hub.reserve_sibling("s")
+    hub._sibling_handoff(f"{wakeups.PARK} 4242 5 1 s d")
+    hub.unreserve_sibling("s", *reserved)
+    reserved = hub.reserve_sibling("s")
+    assert reserved == (4242, "d", 5, 1)
+    # Nothing said meanwhile: given back, the next publish may reserve it again.
+    hub.unreserve_sibling("s", *reserved)
+    assert hub.reserve_sibling("s") == (4242, "d", 5, 1)
+
+
 @pytest.mark.parametrize("batch_size", [10, 1])
 async def test_a_consumer_handed_messages_here_and_by_a_sibling_at_once_takes_both_up_to_its_batch(
     api: httpx.AsyncClient, batch_size: int
