@@ -190,43 +190,23 @@ def test_one_websocket_transport_serves_one_consumer(server: Server) -> None:
         assert first.stats.acked == 20
 
 
-def test_a_socket_whose_token_was_revoked_opens_again_with_a_new_one(secured: Server) -> None:  # noqa: F811
-    """The client was updated (its earlier tokens revoked): the server closes the socket (4401),
-    and the consumer fetches a new token and goes on, losing nothing."""
-    client_id, secret = new_client(secured, "*")
-    with (
-        Client(secured.url, client_id=client_id, client_secret=secret) as client,
-        Subscriber(client) as subscriber,
-    ):
-        client.create_topic("t")
-        client.create_subscription("s", "t")
-        consumer = subscriber.subscribe("s", lambda message: None, transport="websocket")
-        publish(client, "t", 5)
-        wait_until(lambda: settled_everything(client, "s", 5), 30, "the first 5 acked")
-        fetched = client.aio.connection.credentials.fetched
-        cli(secured.env, "update-client", client_id, "--name", "renamed")  # revokes its tokens
-        wait_until(lambda: client.aio.connection.credentials.fetched > fetched, 30, "a new token")
-        publish(client, "t", 5)
-        wait_until(lambda: settled_everything(client, "s", 10), 30, "all 10 acked")
-        wait_until(lambda: consumer.stats.acked == 10, 30, "the acks' answers")  # counted on arrival
-        assert not consumer.finished
-        assert consumer.error is None
-        assert consumer.stats.acked == 10
-
-
-def test_a_socket_revoked_after_its_token_was_renewed_on_it_opens_again(
+@pytest.mark.parametrize("renewed_on_the_socket", [False, True], ids=["first-token", "renewed-token"])
+def test_a_socket_whose_token_was_revoked_opens_again_with_a_new_one(
     secured: Server,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
+    renewed_on_the_socket: bool,
 ) -> None:
-    """The token the socket opened with was renewed on it (an auth frame), then the client was
-    updated: the new token is the one refused, and the consumer fetches another and goes on."""
+    """The client was updated (its earlier tokens revoked): the server closes the socket (4401),
+    and the consumer fetches a new token and goes on, losing nothing. Also when the token the
+    socket opened with had been renewed on it (an auth frame): the renewed one is refused then."""
     from fastpubsub.client import transports
 
     monkeypatch.setattr(transports, "TOKEN_CHECK_SECONDS", 0.1)
     client_id, secret = new_client(secured, "*")
-    # One-minute tokens renewed after about 2 s.
+    # One-minute tokens, renewed after about 2 s in the second case.
+    margin = {"token_refresh_margin": 58} if renewed_on_the_socket else {}
     with (
-        Client(secured.url, client_id=client_id, client_secret=secret, token_refresh_margin=58) as client,
+        Client(secured.url, client_id=client_id, client_secret=secret, **margin) as client,
         Subscriber(client) as subscriber,
     ):
         client.create_topic("t")
@@ -235,17 +215,19 @@ def test_a_socket_revoked_after_its_token_was_renewed_on_it_opens_again(
         publish(client, "t", 5)
         wait_until(lambda: settled_everything(client, "s", 5), 30, "the first 5 acked")
         credentials = client.aio.connection.credentials
-        fetched = credentials.fetched
-        wait_until(lambda: credentials.fetched > fetched, 30, "a renewed token")
-        time.sleep(0.5)  # sent on the socket meanwhile (checked every 0.1 s)
+        if renewed_on_the_socket:
+            fetched = credentials.fetched
+            wait_until(lambda: credentials.fetched > fetched, 30, "a renewed token")
+            time.sleep(0.5)  # sent on the socket meanwhile (checked every 0.1 s)
         fetched = credentials.fetched
         cli(secured.env, "update-client", client_id, "--name", "renamed")  # revokes its tokens
         wait_until(lambda: credentials.fetched > fetched, 30, "a new token")
         publish(client, "t", 5)
         wait_until(lambda: settled_everything(client, "s", 10), 30, "all 10 acked")
-        wait_until(lambda: consumer.stats.acked == 10, 30, "the acks' answers")
+        wait_until(lambda: consumer.stats.acked == 10, 30, "the acks' answers")  # counted on arrival
         assert not consumer.finished
         assert consumer.error is None
+        assert consumer.stats.acked == 10
 
 
 async def test_an_open_socket_sends_the_token_the_credentials_renew() -> None:
