@@ -374,6 +374,9 @@ class Delivery:
                 await park(hub, subscription_id, waiter, remaining)
                 # Once its client has gone it leaves: hub.waiter gives up what was handed.
                 if not gone.is_set() and (events := await take_handoff(hub, subscription_id, waiter)):
+                    if gone.is_set():  # it went while the publish committed: nobody to answer
+                        self._give_up_leases(subscription_id, events)
+                        return 0, "[]"
                     return len(events), "[" + ",".join(data for _, data in events) + "]"
                 # Whatever ended the wait (news, a due time, the deadline, the
                 # client leaving), look again: the last look comes after the deadline.

@@ -207,15 +207,23 @@ async def test_a_publish_that_fails_hands_nothing_and_the_long_poll_waits_on(
     assert hub.handoffs == handed + 1
 
 
-async def test_leases_a_publish_took_for_a_consumer_that_left_meanwhile_are_given_up_at_once(
+async def publishes_held_once_routes_are_known(
     api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
-) -> None:
+) -> tuple[asyncio.Event, asyncio.Event]:
+    """Topic t and subscription s, one message published, consumed and acked (so that publishes
+    here know s is fed), then publishes held before their transaction: hold_handoff_publishes."""
     await setup(api)
-    state = api.app.state  # type: ignore[attr-defined]
     await api.post("/topics/t/messages", json=[{"n": 1}])
     (first,) = await long_poll(api, "c")
     await api.post("/subscriptions/s/acks", json=[first["id"]])
-    reserved, gate = hold_handoff_publishes(state, monkeypatch)  # the publish, held before its transaction
+    return hold_handoff_publishes(api.app.state, monkeypatch)  # type: ignore[attr-defined]
+
+
+async def test_leases_a_publish_took_for_a_consumer_that_left_meanwhile_are_given_up_at_once(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = api.app.state  # type: ignore[attr-defined]
+    reserved, gate = await publishes_held_once_routes_are_known(api, monkeypatch)
     with state.hub.waiter("s", 1, consumer="gone") as waiter:
         waiter.parked = True  # as a long-poll's, after a look that found nothing
         publishing = asyncio.create_task(api.post("/topics/t/messages", json=[{"n": 2}]))
@@ -224,6 +232,28 @@ async def test_leases_a_publish_took_for_a_consumer_that_left_meanwhile_are_give
     # It left (its client hung up) before the publish leased n 2 for it.
     gate.set()
     assert (await publishing).status_code == 204
+    (message,) = await asyncio.wait_for(long_poll(api, "other"), 2)  # not after the 30 s ack deadline
+    assert (message["payload"], message["delivery_attempts"]) == ({"n": 2}, 2)  # the hand-off counted one
+
+
+async def test_a_long_poll_whose_client_left_while_its_hand_off_committed_gives_the_leases_up(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its wait had ended (the deadline) and it was waiting for the publish that reserved it when
+    the client hung up: what the publish leased for it is deliverable again at once."""
+    state = api.app.state  # type: ignore[attr-defined]
+    reserved, gate = await publishes_held_once_routes_are_known(api, monkeypatch)
+    client = asyncio.Queue[dict[str, str]]()  # what the long-poll's client says: nothing, then it hangs up
+    polling = asyncio.create_task(state.delivery._consume_waiting("s", "c", 1, 0.3, client.get))
+    await _parked_in(api, "c")
+    publishing = asyncio.create_task(api.post("/topics/t/messages", json=[{"n": 2}]))
+    await asyncio.wait_for(reserved.wait(), 5)
+    await asyncio.sleep(0.5)  # its 0.3 s are up: it waits for the publish that reserved it
+    await client.put({"type": "http.disconnect"})
+    await asyncio.sleep(0.1)
+    gate.set()
+    assert (await publishing).status_code == 204
+    assert await asyncio.wait_for(polling, 5) == (0, "[]")
     (message,) = await asyncio.wait_for(long_poll(api, "other"), 2)  # not after the 30 s ack deadline
     assert (message["payload"], message["delivery_attempts"]) == ({"n": 2}, 2)  # the hand-off counted one
 
