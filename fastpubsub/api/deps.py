@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -15,6 +14,7 @@ from fastapi.security import OAuth2
 from fastpubsub import auth
 from fastpubsub.api.backfill import Backfills
 from fastpubsub.api.delivery import Delivery
+from fastpubsub.api.sharedreads import SharedReads
 from fastpubsub.db import Database
 from fastpubsub.exceptions import (
     AuthenticationError,
@@ -50,7 +50,9 @@ class ClientStateCache:
 
     ttl: float
     _entries: dict[UUID, tuple[float, bool, int]] = field(default_factory=dict)
-    _lookups: dict[UUID, asyncio.Future[tuple[float, bool, int]]] = field(default_factory=dict)
+    _lookups: SharedReads[UUID, tuple[float, bool, int]] = field(
+        default_factory=lambda: SharedReads("fastpubsub-client-state")
+    )
     # Raised by forget: a lookup that began before it keeps what it read out of the cache.
     _forgotten: int = 0
 
@@ -58,20 +60,11 @@ class ClientStateCache:
         entry = self._entries.get(claims.client_id)
         if entry is None or entry[0] <= time.monotonic():
             try:
-                entry = await asyncio.shield(self._lookup(db, claims.client_id))
+                entry = await self._lookups.read(claims.client_id, lambda: self._read(db, claims.client_id))
             except (DatabaseUnavailableError, StatementTimeoutError):
                 if entry is None:
                     raise
         return entry[1] and entry[2] == claims.token_version
-
-    def _lookup(self, db: Database, client_id: UUID) -> asyncio.Future[tuple[float, bool, int]]:
-        """The lookup of the client's state under way, or a new one."""
-        lookup = self._lookups.get(client_id)
-        if lookup is None:
-            lookup = asyncio.ensure_future(self._read(db, client_id))
-            self._lookups[client_id] = lookup
-            lookup.add_done_callback(lambda done: self._done(client_id, done))
-        return lookup
 
     async def _read(self, db: Database, client_id: UUID) -> tuple[float, bool, int]:
         forgotten, asked = self._forgotten, time.monotonic()
@@ -87,15 +80,9 @@ class ClientStateCache:
             self._entries[client_id] = entry
         return entry
 
-    def _done(self, client_id: UUID, lookup: asyncio.Future[tuple[float, bool, int]]) -> None:
-        if self._lookups.get(client_id) is lookup:
-            del self._lookups[client_id]
-        if not lookup.cancelled():
-            lookup.exception()  # read here too, in case every caller had gone
-
     def forget(self, client_id: UUID) -> None:
         self._entries.pop(client_id, None)
-        self._lookups.pop(client_id, None)
+        self._lookups.forget(client_id)
         self._forgotten += 1
 
 

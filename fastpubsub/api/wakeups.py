@@ -67,6 +67,7 @@ from uuid import UUID
 import orjson
 
 from fastpubsub.api.metrics import WAKEUP_NOTICES
+from fastpubsub.api.sharedreads import SharedReads
 from fastpubsub.api.siblings import MAX_DATAGRAM_BYTES, SiblingRelay, Siblings
 from fastpubsub.db import Database, NotificationListener
 from fastpubsub.db.listener import NotificationSender
@@ -310,7 +311,7 @@ class WakeHub:
         self._pending_siblings: set[int] = set()  # workers whose datagram what is pending needs
         self._tell_everything_until = math.inf  # until everyone's interests are known
         self._subscriptions: dict[str, tuple[float, Subscription]] = {}
-        self._reading: dict[str, asyncio.Task[Subscription]] = {}  # reads of them under way
+        self._reading: SharedReads[str, Subscription] = SharedReads("fastpubsub-read")  # reads under way
         self._touching: set[asyncio.Task[None]] = set()
         self._sender: asyncio.Task[None] | None = None
         self._send_failing = False  # the last notification could not be sent (said once an outage)
@@ -325,7 +326,7 @@ class WakeHub:
         # {worker pid: (consumer, demand, news)}; a publish here may lease messages for them.
         self._sibling_parked: dict[str, dict[int, tuple[str, int, int]]] = {}
         # Those taken by a publish under way (reserve_sibling), until it has leased or given them back.
-        self._sibling_reserved: dict[tuple[str, int], tuple[str, int, int]] = {}
+        self._sibling_reserved: set[tuple[str, int]] = set()
         self.sibling_handoffs_sent = 0  # for the tests: messages leased here for a sibling's consumer
         self.sibling_handoffs_taken = 0  # and those a sibling leased for a consumer here, taken
         # Called with what a publish leased for a waiter that had gone by then
@@ -423,12 +424,7 @@ class WakeHub:
         cached = self._subscriptions.get(subscription_id)
         if cached is not None and loop.time() - cached[0] < SUBSCRIPTION_SECONDS:
             return cached[1]
-        reading = self._reading.get(subscription_id)
-        if reading is None:
-            reading = loop.create_task(self._read_subscription(subscription_id), name="fastpubsub-read")
-            self._reading[subscription_id] = reading
-            reading.add_done_callback(functools.partial(self._read_done, subscription_id))
-        return await asyncio.shield(reading)
+        return await self._reading.read(subscription_id, lambda: self._read_subscription(subscription_id))
 
     async def _read_subscription(self, subscription_id: str) -> Subscription:
         found = await self.database.get_subscription(subscription_id)
@@ -436,12 +432,6 @@ class WakeHub:
             self._subscriptions.clear()
         self._subscriptions[subscription_id] = (asyncio.get_running_loop().time(), found)
         return found
-
-    def _read_done(self, subscription_id: str, reading: asyncio.Task[Subscription]) -> None:
-        if self._reading.get(subscription_id) is reading:
-            del self._reading[subscription_id]
-        if not reading.cancelled():
-            reading.exception()  # retrieved: every caller may have gone before it failed
 
     @contextlib.contextmanager
     def stream(self, subscription_id: str) -> Iterator[None]:
@@ -622,7 +612,7 @@ class WakeHub:
         del parked[pid]
         if not parked:
             del self._sibling_parked[subscription_id]
-        self._sibling_reserved[subscription_id, pid] = (consumer, demand, news)
+        self._sibling_reserved.add((subscription_id, pid))
         return pid, consumer, demand, news
 
     def unreserve_sibling(
@@ -633,7 +623,8 @@ class WakeHub:
         Unless the sibling has said something of it since (it stopped waiting, or waits anew):
         what it said last stands.
         """
-        if self._sibling_reserved.pop((subscription_id, pid), None) is not None:
+        if (subscription_id, pid) in self._sibling_reserved:
+            self._sibling_reserved.remove((subscription_id, pid))
             self._sibling_parked.setdefault(subscription_id, {}).setdefault(pid, (consumer, demand, news))
 
     def hand_to_sibling(
@@ -650,7 +641,7 @@ class WakeHub:
         `all_as_of`: the news count its worker said it was parked at, when the
         lease took all there was (and `due` what falls due next); -1 otherwise.
         """
-        self._sibling_reserved.pop((subscription_id, pid), None)
+        self._sibling_reserved.discard((subscription_id, pid))
         if self.relay is None or self.stopping.is_set():  # (see _send: its sibling may drop it unread)
             return False
         pairs = orjson.dumps([[str(message_id), data] for message_id, data in events]).decode()
@@ -667,7 +658,7 @@ class WakeHub:
         kind, _, words = head.partition(" ")
         if kind == PARK:
             pid, demand, news, subscription_id, consumer = words.split(" ", 4)
-            self._sibling_reserved.pop((subscription_id, int(pid)), None)
+            self._sibling_reserved.discard((subscription_id, int(pid)))
             self._sibling_parked.setdefault(subscription_id, {})[int(pid)] = (
                 consumer,
                 int(demand),
@@ -675,7 +666,7 @@ class WakeHub:
             )
         elif kind == UNPARK:
             pid, subscription_id = words.split(" ", 1)
-            self._sibling_reserved.pop((subscription_id, int(pid)), None)
+            self._sibling_reserved.discard((subscription_id, int(pid)))
             parked = self._sibling_parked.get(subscription_id)
             if parked is not None:
                 parked.pop(int(pid), None)
