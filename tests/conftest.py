@@ -143,6 +143,10 @@ def pytest_configure_node(node: Any) -> None:
 _FIRST = ("tests/spark/", "tests/e2e/", "tests/client/")
 
 
+# First: pytest-xdist reads the group markers in a hook of its own, which
+# would otherwise run before this one and miss them (each worker then started
+# a JVM of its own and ran every Spark module's report again).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Spark's tests share one JVM and module databases: they run in one worker, from the start."""
 

@@ -107,3 +107,41 @@ def test_a_failing_session_keeps_its_scratch_folder_and_says_where(
     assert Path(seen["tmp_path"]).is_relative_to(kept)
     assert Path(seen["tmp_path"]).is_dir()
     assert not Path(seen["cluster"]).exists()  # the cluster itself is stopped and removed either way
+
+
+GROUPED_TESTS = """
+import os
+from pathlib import Path
+
+import pytest
+
+{mark}
+
+
+@pytest.mark.parametrize("n", range(6))
+def test_where_it_ran(n):
+    with Path(os.environ["HARNESS_REPORT"]).open("a") as report:
+        report.write(f"{{__name__}} {{os.environ['PYTEST_XDIST_WORKER']}}\\n")
+"""
+
+
+def test_sparks_tests_run_in_one_worker_as_make_test_runs_them(tmp_path: Path, scratch: Path) -> None:
+    """Spark's tests share one worker's JVM (tests/conftest.py): the grouping must reach pytest-xdist."""
+    inner = tmp_path / "inner"
+    inner.mkdir()
+    for name, marked in [("a", True), ("b", True), ("c", False)]:
+        mark = "pytestmark = pytest.mark.spark" if marked else ""
+        (inner / f"test_{name}.py").write_text(GROUPED_TESTS.format(mark=mark))
+    report = inner / "report.txt"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FASTPUBSUB_", "PYTEST_"))}
+    env |= {"FASTPUBSUB_TEST_SCRATCH": str(scratch), "HARNESS_REPORT": str(report)}
+    harness = ["-c", str(ROOT / "pyproject.toml"), "-p", "tests.conftest", "-p", "no:cacheprovider"]
+    result = run_pytest([*harness, "-n", "2", "--dist", "loadgroup", "-q", str(inner)], env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = report.read_text().splitlines()
+    assert len(lines) == 18
+    workers: dict[str, set[str]] = {}
+    for line in lines:
+        module, worker = line.split()
+        workers.setdefault(module, set()).add(worker)
+    assert len(workers["test_a"] | workers["test_b"]) == 1, workers  # 12 tests, one worker
