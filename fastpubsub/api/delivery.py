@@ -756,18 +756,30 @@ async def park(hub: WakeHub, subscription_id: str, waiter: Waiter, seconds: floa
         hub.unparking(subscription_id, waiter)
 
 
+def in_lease_order(events: list[tuple[UUID, str]]) -> list[tuple[UUID, str]]:
+    """Messages two transactions leased for one consumer, in the order one look would have taken them.
+
+    Higher priority first, and publish order within a priority: a message's id
+    grows with the time it was published. (A sibling's publish may have leased
+    the older ones while a publish here leased the newer: the consumer gets the
+    older first, as it would from a look.)
+    """
+    return sorted(events, key=lambda event: (-orjson.loads(event[1]).get("priority", 0), str(event[0])))
+
+
 async def take_handoff(hub: WakeHub, subscription_id: str, waiter: Waiter) -> list[tuple[UUID, str]]:
     """What a publish leased for the waiter while it was parked, once committed (none: []).
 
     A publish here and one in a sibling worker may both have: it takes both,
-    up to its demand, and the leases of the rest end at once (hub.on_abandoned).
+    in lease order and up to its demand, and the leases of the rest end at
+    once (hub.on_abandoned).
     """
     if waiter.handoff is None:
         return []
     events = await asyncio.shield(waiter.handoff)
     waiter.handoff = None
     if waiter.extra:
-        events, waiter.extra = events + waiter.extra, []
+        events, waiter.extra = in_lease_order(events + waiter.extra), []
         room = max(waiter.demand, 0)
         if len(events) > room:
             events, surplus = events[:room], events[room:]

@@ -863,12 +863,22 @@ async def test_a_sibling_consumer_that_stopped_waiting_while_reserved_is_not_res
     assert hub.reserve_sibling("s") == (4242, "d", 5, 1)
 
 
-@pytest.mark.parametrize("batch_size", [10, 1])
-async def test_a_consumer_handed_messages_here_and_by_a_sibling_at_once_takes_both_up_to_its_batch(
-    api: httpx.AsyncClient, batch_size: int
+@pytest.mark.parametrize(
+    ("batch_size", "here_priority", "expected", "left"),
+    [
+        (10, 0, ["sibling", "here"], []),
+        (1, 0, ["sibling"], ["here"]),
+        (10, 5, ["here", "sibling"], []),
+        (1, 5, ["here"], ["sibling"]),
+    ],
+    ids=["older-first", "older-kept", "higher-priority-first", "higher-priority-kept"],
+)
+async def test_a_consumer_handed_messages_here_and_by_a_sibling_at_once_takes_both_in_lease_order(
+    api: httpx.AsyncClient, batch_size: int, here_priority: int, expected: list[str], left: list[str]
 ) -> None:
-    """A publish here reserved the parked consumer while a sibling's publish leased it messages
-    too: the answer carries both, and what its batch has no room for is given back at once."""
+    """A publish here reserved the parked consumer while a sibling's publish leased it an older
+    message: the answer carries both in the order a look takes them (priority, then publish
+    order), and what its batch has no room for is given back at once."""
     await setup(api)
     hub = api.app.state.hub  # type: ignore[attr-defined]
     given_back: list[tuple[str, list[tuple[object, str]]]] = []
@@ -882,18 +892,21 @@ async def test_a_consumer_handed_messages_here_and_by_a_sibling_at_once_takes_bo
     await _parked_in(api, "c")
     waiter = hub.reserve("s")  # this process's publish, under way
     assert waiter is not None
-    sibling = (uuid.uuid4(), '{"from": "sibling"}')
+    # Ids grow with publish time: the sibling's message was published first.
+    events = {
+        "sibling": (uuid.UUID("01a22899-73a3-77a6-a8b6-8d20b1f9ca1c"), '{"from": "sibling", "priority": 0}'),
+        "here": (
+            uuid.UUID("01a22899-73bd-7a93-afe8-bcf2b34c72aa"),
+            f'{{"from": "here", "priority": {here_priority}}}',
+        ),
+    }
+    sibling = events["sibling"]
     hub._sibling_handoff(f"{wakeups.HANDED} s -1 - c\n" + json.dumps([[str(sibling[0]), sibling[1]]]))
     assert given_back == []  # not given back: it waits for this process's hand-off
-    here = (uuid.uuid4(), '{"from": "here"}')
-    hub.hand_over(waiter, [here])
+    hub.hand_over(waiter, [events["here"]])
     data = (await asyncio.wait_for(answer, 5)).json()["data"]
-    if batch_size == 10:
-        assert data == [{"from": "here"}, {"from": "sibling"}]
-        assert given_back == []
-    else:
-        assert data == [{"from": "here"}]
-        assert given_back == [("s", [sibling])]
+    assert [message["from"] for message in data] == expected
+    assert given_back == ([("s", [events[name] for name in left])] if left else [])
 
 
 @linux_only
