@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,24 @@ from fastpubsub.spark import launch as helpers
 
 NO_JAVA = helpers.find_java() is None
 requires_java = pytest.mark.skipif(NO_JAVA, reason="no Java runtime (java on PATH or JAVA_HOME)")
+# The JVM options of the JVMs these tests start (conf/spark-defaults.conf says why).
+JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def light_jvms() -> Iterator[None]:
+    """Every JVM the Spark tests start, in this process or another, takes conf/'s lighter options.
+
+    Drivers and executors read them from SPARK_CONF_DIR; a standalone master
+    and its workers from SPARK_DAEMON_JAVA_OPTS. Settings of the caller's own
+    stand (a SPARK_CONF_DIR of its own, say).
+    """
+    wanted = {"SPARK_CONF_DIR": str(Path(__file__).parent / "conf"), "SPARK_DAEMON_JAVA_OPTS": JVM_OPTIONS}
+    added = [name for name in wanted if name not in os.environ]
+    os.environ.update({name: wanted[name] for name in added})
+    yield
+    for name in added:
+        os.environ.pop(name, None)
 
 
 @pytest.fixture(scope="session")

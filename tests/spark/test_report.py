@@ -482,3 +482,12 @@ def test_the_small_aggregates_settings_hold_only_while_the_report_aggregates(spa
         assert spark.conf.get("spark.sql.shuffle.partitions") == "3"
     assert spark.conf.get("spark.sql.shuffle.partitions") == "8"
     assert spark.conf.get("spark.sql.adaptive.enabled") == adaptive
+
+
+def test_the_sessions_jvm_runs_with_the_tests_light_options(spark: Any) -> None:
+    """tests/spark/conf reaches the JVM itself (the Spark tests' CPU depends on it)."""
+    from tests.spark.conftest import JVM_OPTIONS
+
+    runtime = spark._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+    arguments = list(runtime.getInputArguments())
+    assert all(option in arguments for option in JVM_OPTIONS.split()), arguments
