@@ -484,10 +484,15 @@ def test_the_small_aggregates_settings_hold_only_while_the_report_aggregates(spa
     assert spark.conf.get("spark.sql.adaptive.enabled") == adaptive
 
 
-def test_the_sessions_jvm_runs_with_the_tests_light_options(spark: Any) -> None:
-    """tests/spark/conf reaches the JVM itself (the Spark tests' CPU depends on it)."""
+def test_the_sessions_jvm_runs_with_the_tests_light_options_and_keeps_its_files_in_the_scratch_folder(
+    spark: Any, light_jvms: Path
+) -> None:
+    """tests/spark/conftest.py reaches the JVM itself (the Spark tests' CPU, and /tmp left clean)."""
     from tests.spark.conftest import JVM_OPTIONS
 
+    system = spark._jvm.java.lang.System
     runtime = spark._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
     arguments = list(runtime.getInputArguments())
     assert all(option in arguments for option in JVM_OPTIONS.split()), arguments
+    assert Path(system.getProperty("java.io.tmpdir")) == light_jvms
+    assert spark.sparkContext.getConf().get("spark.local.dir") == str(light_jvms)
