@@ -397,8 +397,8 @@ def serve(settings: Settings, host: str, port: int, workers: int) -> None:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
     # The application's modules are imported here, once, and each worker
     # forked from this process starts with them: it then only builds the app
-    # (a worker that imported them itself spent about half a second of CPU on
-    # it, again for each worker and for each one restarted after a crash).
+    # (a worker that imported them itself spent 0.6-0.7 s of CPU on it, again
+    # for each worker and for each one restarted after a crash).
     # Nothing is built or connected before the fork: load() runs in the worker.
     import fastpubsub.api.app
     import fastpubsub.console.views  # noqa: F401  (imported by the app when it is built)

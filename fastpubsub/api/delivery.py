@@ -764,7 +764,7 @@ def in_lease_order(events: list[tuple[UUID, str]]) -> list[tuple[UUID, str]]:
     the older ones while a publish here leased the newer: the consumer gets the
     older first, as it would from a look.)
     """
-    return sorted(events, key=lambda event: (-orjson.loads(event[1]).get("priority", 0), str(event[0])))
+    return sorted(events, key=lambda event: (-(orjson.loads(event[1]).get("priority") or 0), str(event[0])))
 
 
 async def take_handoff(hub: WakeHub, subscription_id: str, waiter: Waiter) -> list[tuple[UUID, str]]:

@@ -30,7 +30,7 @@ def light_jvms(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     Drivers and executors read these from SPARK_CONF_DIR (a spark-defaults.conf
     written here: the jobs' own settings, launch.spark_conf, come on top of
     them, as on any installation); a standalone master and its workers from
-    SPARK_DAEMON_JAVA_OPTS. A SPARK_CONF_DIR of the caller's own stands.
+    SPARK_DAEMON_JAVA_OPTS. Whatever the environment had there comes back afterwards.
     """
     folder = tmp_path_factory.mktemp("jvm")
     temporary = folder / "tmp"
@@ -42,11 +42,14 @@ def light_jvms(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         f"spark.local.dir {temporary}\n"
     )
     wanted = {"SPARK_CONF_DIR": str(folder), "SPARK_DAEMON_JAVA_OPTS": options}
-    added = [name for name in wanted if name not in os.environ]
-    os.environ.update({name: wanted[name] for name in added})
+    before = {name: os.environ.get(name) for name in wanted}
+    os.environ.update(wanted)
     yield temporary
-    for name in added:
-        os.environ.pop(name, None)
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="session")
