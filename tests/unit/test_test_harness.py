@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# An inner session on the suite's own harness (tests/conftest.py).
+HARNESS = ["-c", str(ROOT / "pyproject.toml"), "-p", "tests.conftest", "-p", "no:cacheprovider"]
 
 
 def run_pytest(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -70,9 +72,8 @@ def run_inner_session(
         "HARNESS_REPORT": str(report),
         "HARNESS_OUTCOME": outcome,
     }
-    harness = ["-c", str(ROOT / "pyproject.toml"), "-p", "tests.conftest", "-p", "no:cacheprovider"]
     parallel = ["-n", str(workers)] if workers else ["-p", "no:xdist"]
-    result = run_pytest([*harness, *parallel, "-q", str(inner / "test_inner.py")], env)
+    result = run_pytest([*HARNESS, *parallel, "-q", str(inner / "test_inner.py")], env)
     assert report.exists(), result.stdout + result.stderr
     return result, json.loads(report.read_text())
 
@@ -135,8 +136,7 @@ def test_sparks_tests_run_in_one_worker_as_make_test_runs_them(tmp_path: Path, s
     report = inner / "report.txt"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FASTPUBSUB_", "PYTEST_"))}
     env |= {"FASTPUBSUB_TEST_SCRATCH": str(scratch), "HARNESS_REPORT": str(report)}
-    harness = ["-c", str(ROOT / "pyproject.toml"), "-p", "tests.conftest", "-p", "no:cacheprovider"]
-    result = run_pytest([*harness, "-n", "2", "--dist", "loadgroup", "-q", str(inner)], env)
+    result = run_pytest([*HARNESS, "-n", "2", "--dist", "loadgroup", "-q", str(inner)], env)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = report.read_text().splitlines()
     assert len(lines) == 18
