@@ -276,12 +276,20 @@ class Delivery:
 
     def _give_up_leases(self, subscription_id: str, events: list[tuple[UUID, str]]) -> None:
         """End the leases a publish took for a consumer that had gone: deliverable again at once."""
+        self._give_up(subscription_id, [message_id for message_id, _ in events])
+
+    def _give_up_page(self, subscription_id: str, page: str) -> None:
+        """End the leases of a long-poll's page (JSON) that its client left before it was answered."""
+        self._give_up(subscription_id, [message["id"] for message in orjson.loads(page)])
+
+    def _give_up(self, subscription_id: str, ids: list[UUID] | list[str]) -> None:
+        """End these leases (taken for nobody now) in a task of their own: deliverable again at once."""
 
         async def give_up() -> None:
             try:
-                await self.settle(subscription_id, "extend", ids=[m for m, _ in events], seconds=0)
+                await self.settle(subscription_id, "extend", ids=ids, seconds=0)
             except Exception as exc:  # they run out at their deadline instead
-                log.warning("could not give up %d leases of %s: %s", len(events), subscription_id, exc)
+                log.warning("could not give up %d leases of %s: %s", len(ids), subscription_id, exc)
 
         task = asyncio.get_running_loop().create_task(give_up(), name="fastpubsub-give-up-leases")
         self._giving_up.add(task)
@@ -339,7 +347,10 @@ class Delivery:
         first look instead, as a stream does. When the wait ends it looks once
         more before answering empty; once the client has gone (watched through
         `receive`) or the server is stopping, it answers at once and leases
-        nothing more.
+        nothing more. A look that leased messages for a client that left while
+        it ran gives the leases up: deliverable again at once, not after the
+        ack deadline (a client whose timeout is its wait_seconds leaves just as
+        the last look runs).
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_seconds
@@ -364,6 +375,9 @@ class Delivery:
                         hub.found_nothing(subscription_id, mark)
                         hub.note_due(subscription_id, due)
                     if leased:
+                        if gone.is_set():  # its client left while it leased them: nobody to answer
+                            self._give_up_page(subscription_id, data)
+                            return 0, "[]"
                         return leased, data
                     remaining = deadline - loop.time()
                     if remaining <= 0:

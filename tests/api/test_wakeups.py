@@ -258,6 +258,47 @@ async def test_a_long_poll_whose_client_left_while_its_hand_off_committed_gives_
     assert (message["payload"], message["delivery_attempts"]) == ({"n": 2}, 2)  # the hand-off counted one
 
 
+@pytest.mark.parametrize("look", ["first", "last"])
+async def test_a_long_poll_whose_client_left_while_its_look_leased_gives_the_leases_up(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch, look: str
+) -> None:
+    """The client hung up while the long-poll's look was leasing (its first look, or the last
+    one, after the deadline, when a client whose timeout is its wait leaves): what the look
+    leased is deliverable again at once, not after the ack deadline."""
+    state = api.app.state  # type: ignore[attr-defined]
+    await setup(api)
+    if look == "first":
+        await api.post("/topics/t/messages", json=[{"n": 1}])
+    began, gate = asyncio.Event(), asyncio.Event()
+    real = state.delivery.consumes.write
+
+    async def held_look(requests: Any) -> Any:
+        if look == "last":  # published as the last look begins (it is not parked: no hand-off)
+            await api.post("/topics/t/messages", json=[{"n": 1}])
+        began.set()
+        await gate.wait()
+        return await real(requests)
+
+    client = asyncio.Queue[dict[str, str]]()  # what the long-poll's client says: nothing, then it hangs up
+    wait = 0.3 if look == "last" else 10
+    if look == "last":
+        # Its first look finds nothing and it waits out its 0.3 s (nothing wakes it): held is the last.
+        polling = asyncio.create_task(state.delivery._consume_waiting("s", "c", 1, wait, client.get))
+        await _parked_in(api, "c")
+        monkeypatch.setattr(state.delivery.consumes, "write", held_look)
+    else:
+        monkeypatch.setattr(state.delivery.consumes, "write", held_look)
+        polling = asyncio.create_task(state.delivery._consume_waiting("s", "c", 1, wait, client.get))
+    await asyncio.wait_for(began.wait(), 5)
+    await client.put({"type": "http.disconnect"})
+    await asyncio.sleep(0.1)
+    gate.set()
+    assert await asyncio.wait_for(polling, 5) == (0, "[]")
+    monkeypatch.setattr(state.delivery.consumes, "write", real)
+    (message,) = await asyncio.wait_for(long_poll(api, "other"), 2)  # not after the 30 s ack deadline
+    assert (message["payload"], message["delivery_attempts"]) == ({"n": 1}, 2)  # the look counted one
+
+
 async def test_news_a_reserved_long_poll_was_passed_over_for_wakes_it_if_the_publish_hands_it_nothing(
     make_api: ClientFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
