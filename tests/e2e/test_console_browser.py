@@ -21,24 +21,16 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.e2e.chromium import launch
 from tests.e2e.conftest import Server, base_env, cli
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-CHROMEDRIVER = shutil.which("chromedriver")
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "build" / "console-screenshots"
 AXE_VERSION = "4.14.1"
 AXE_CACHE = Path.home() / ".cache" / "fastpubsub" / f"axe-core-{AXE_VERSION}"
 
-if CHROMIUM is None or CHROMEDRIVER is None:
-    pytest.skip(
-        "no Chromium and chromedriver on PATH (apt-get install chromium chromium-driver)",
-        allow_module_level=True,
-    )
-
-from selenium import webdriver  # noqa: E402
 from selenium.common.exceptions import StaleElementReferenceException, TimeoutException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
@@ -67,34 +59,10 @@ def axe_source() -> str:
     return script.read_text()
 
 
-def chromium(profile: Path, javascript: bool = True) -> WebDriver:
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM  # type: ignore[assignment]
-    for flag in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        "--disable-dev-shm-usage",
-        f"--user-data-dir={profile}",
-        "--window-size=1280,900",
-    ):
-        options.add_argument(flag)
-    if not javascript:
-        options.add_experimental_option("prefs", {"profile.managed_default_content_settings.javascript": 2})
-    return webdriver.Chrome(options=options, service=webdriver.ChromeService(CHROMEDRIVER))
-
-
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[WebDriver]:
-    driver = chromium(tmp_path / "chromium-profile")
-    try:
+    with launch(tmp_path / "chromium-profile") as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def wait_for(driver: WebDriver, condition: Callable[[WebDriver], Any], timeout: float = 20) -> Any:
@@ -316,8 +284,7 @@ def test_console_reads_with_javascript_off_and_says_how_to_make_clients_with_aut
         api.post("/topics", json={"id": "events"})
         api.post("/subscriptions", json={"id": "audit", "topic_id": "events"})
         api.post("/topics/events/messages", json=[{"n": 1}, {"n": 2}])
-    driver = chromium(tmp_path / "profile-no-js", javascript=False)
-    try:
+    with launch(tmp_path / "profile-no-js", javascript=False) as driver:
         driver.get(f"{server.url}/console")
         assert backlog_cell(driver, "audit") == "2"
         driver.get(f"{server.url}/console/subscriptions/audit")
@@ -326,11 +293,6 @@ def test_console_reads_with_javascript_off_and_says_how_to_make_clients_with_aut
         note = driver.find_element(By.CSS_SELECTOR, "main .note").text
         assert "fastpubsub create-client" in note
         assert driver.find_elements(By.ID, "client-name") == []
-    finally:
-        driver.quit()
-    with_js = chromium(tmp_path / "profile-js")
-    try:
+    with launch(tmp_path / "profile-js") as with_js:
         with_js.get(f"{server.url}/console/clients")
         check_page(with_js, axe_source, "09-clients-auth-off")
-    finally:
-        with_js.quit()

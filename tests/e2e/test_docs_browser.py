@@ -5,25 +5,17 @@ calls a protected endpoint with it."""
 from __future__ import annotations
 
 import re
-import shutil
+import tempfile
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
+from tests.e2e.chromium import launch
 from tests.e2e.conftest import Server, base_env, cli
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-CHROMEDRIVER = shutil.which("chromedriver")
-
-if CHROMIUM is None or CHROMEDRIVER is None:
-    pytest.skip(
-        "no Chromium and chromedriver on PATH (apt-get install chromium chromium-driver)",
-        allow_module_level=True,
-    )
-
-from selenium import webdriver  # noqa: E402
 from selenium.common.exceptions import TimeoutException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
@@ -33,23 +25,25 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 
 @pytest.fixture
-def browser() -> Iterator[WebDriver]:
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM  # type: ignore[assignment]
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-dev-shm-usage",
-        "--window-size=1400,1000",
-    ):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(CHROMEDRIVER))
-    try:
+def browser(tmp_path: Path) -> Iterator[WebDriver]:
+    with launch(tmp_path / "chromium", window="1400,1000") as driver:
         yield driver
-    finally:
-        driver.quit()
+
+
+def chromium_leftovers() -> set[Path]:
+    temporary = Path(tempfile.gettempdir())
+    return {*temporary.glob("org.chromium.*"), *temporary.glob(".org.chromium.*")}
+
+
+def test_chromium_leaves_no_temporary_files_behind(tmp_path: Path) -> None:
+    before = chromium_leftovers()
+    with launch(tmp_path / "chromium") as driver:
+        driver.get("about:blank")
+        temporary = Path(driver.service.env["TMPDIR"])  # type: ignore[attr-defined]
+        kept = [path.name for path in temporary.iterdir()]
+        assert any(name.startswith("org.chromium.") for name in kept), kept  # (where they went)
+    assert not temporary.exists()
+    assert chromium_leftovers() - before == set()
 
 
 @pytest.fixture
