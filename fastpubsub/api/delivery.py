@@ -192,7 +192,7 @@ class Delivery:
             handoffs += [(s, consumer, min(demand, MAX_BATCH_SIZE)) for s, _, consumer, demand, _ in siblings]
             # One order of subscriptions for every batch's leases, in every worker.
             order = sorted(range(len(handoffs)), key=lambda index: handoffs[index][0])
-            handed: list[tuple[list[tuple[UUID, str]], float | None]] = []
+            handed: list[tuple[list[tuple[str, str]], float | None]] = []
             try:
                 results, in_order = await self.database.publish_handoff(
                     requests, [handoffs[index] for index in order]
@@ -208,7 +208,8 @@ class Delivery:
                         self.hub.unreserve_sibling(*sibling)
             # The lease takes the oldest deliverable messages first: only those of
             # this publish need no wake-up (older ones had theirs).
-            new = {message_id for ids, _, _ in results for message_id in ids}
+            # (Ids as text, as the hand-offs' leases give them.)
+            new = {str(message_id) for ids, _, _ in results for message_id in ids} if handed else set()
             # Those the publish fed deliverable messages: their hand-offs leased, as a look would.
             fed = {s for _, woken, counts in results for s, count in zip(woken, counts, strict=True) if count}
             for (subscription_id, pid, consumer, demand, news), (events, due) in zip(
@@ -274,7 +275,7 @@ class Delivery:
                 siblings.append((subscription_id, *elsewhere))
         return reserved, siblings
 
-    def _give_up_leases(self, subscription_id: str, events: list[tuple[UUID, str]]) -> None:
+    def _give_up_leases(self, subscription_id: str, events: list[tuple[str, str]]) -> None:
         """End the leases a publish took for a consumer that had gone: deliverable again at once."""
         self._give_up(subscription_id, [message_id for message_id, _ in events])
 
@@ -282,7 +283,7 @@ class Delivery:
         """End the leases of a long-poll's page (JSON) that its client left before it was answered."""
         self._give_up(subscription_id, [message["id"] for message in orjson.loads(page)])
 
-    def _give_up(self, subscription_id: str, ids: list[UUID] | list[str]) -> None:
+    def _give_up(self, subscription_id: str, ids: list[str]) -> None:
         """End these leases (taken for nobody now) in a task of their own: deliverable again at once."""
 
         async def give_up() -> None:
@@ -552,7 +553,7 @@ class Delivery:
         *,
         idle_seconds: float = math.inf,
         gone: asyncio.Event | None = None,
-    ) -> AsyncIterator[list[tuple[UUID, str]]]:
+    ) -> AsyncIterator[list[tuple[str, str]]]:
         """Lease messages as they come, never holding more than the window has room for.
 
         The stream behind SSE, WebSockets and the push-worker. Each batch is a
@@ -682,8 +683,8 @@ class Delivery:
     def _took(
         self,
         subscription_id: str,
-        events: list[tuple[UUID, str]],
-        held: dict[UUID, float],
+        events: list[tuple[str, str]],
+        held: dict[str, float],
         ends: float,
         *,
         handed: bool = False,
@@ -708,7 +709,7 @@ class Window:
     def __init__(self, limit: int, lease_seconds: float) -> None:
         self.limit = limit
         self.lease_seconds = lease_seconds
-        self.held: dict[UUID, float] = {}  # messages out, and when (loop time) their leases end
+        self.held: dict[str, float] = {}  # messages out, and when (loop time) their leases end
         self.waiter: Waiter | None = None  # while the stream runs
         self.outage_since: float | None = None  # when (loop time) the stream's looks began to fail
         self.refreshed = 0.0  # when (loop time) Delivery.refresh_window last read the subscription
@@ -728,9 +729,9 @@ class Window:
             self.waiter.event.set()
 
 
-def sse_event(message_id: UUID | str, data: str) -> bytes:
+def sse_event(message_id: str, data: str) -> bytes:
     """One `message` event of a stream: the message's JSON as PostgreSQL rendered it."""
-    return b"event: message\nid: %s\ndata: %s\n\n" % (str(message_id).encode(), data.encode())
+    return b"event: message\nid: %s\ndata: %s\n\n" % (message_id.encode(), data.encode())
 
 
 def _error_event(detail: str) -> bytes:
@@ -770,7 +771,7 @@ async def park(hub: WakeHub, subscription_id: str, waiter: Waiter, seconds: floa
         hub.unparking(subscription_id, waiter)
 
 
-def in_lease_order(events: list[tuple[UUID, str]]) -> list[tuple[UUID, str]]:
+def in_lease_order(events: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """Messages two transactions leased for one consumer, in the order one look would have taken them.
 
     Higher priority first, and publish order within a priority: a message's id
@@ -781,7 +782,7 @@ def in_lease_order(events: list[tuple[UUID, str]]) -> list[tuple[UUID, str]]:
     return sorted(events, key=lambda event: (-(orjson.loads(event[1]).get("priority") or 0), str(event[0])))
 
 
-async def take_handoff(hub: WakeHub, subscription_id: str, waiter: Waiter) -> list[tuple[UUID, str]]:
+async def take_handoff(hub: WakeHub, subscription_id: str, waiter: Waiter) -> list[tuple[str, str]]:
     """What a publish leased for the waiter while it was parked, once committed (none: []).
 
     A publish here and one in a sibling worker may both have: it takes both,

@@ -214,7 +214,7 @@ class Waiter:
     )
 
     def __init__(
-        self, demand: int, held: dict[UUID, float] | None = None, consumer: str | None = None
+        self, demand: int, held: dict[str, float] | None = None, consumer: str | None = None
     ) -> None:
         self.demand = demand
         self.event = Signal()
@@ -232,12 +232,12 @@ class Waiter:
         # it, (id, JSON) each.
         self.consumer = consumer
         self.parked = False
-        self.handoff: asyncio.Future[list[tuple[UUID, str]]] | None = None
+        self.handoff: asyncio.Future[list[tuple[str, str]]] | None = None
         self.handoff_mark = 0  # its queue's news count when it was reserved
         self.missed = False  # a long-poll passed over for news while reserved (WakeHub.wake)
         # What a sibling's publish leased for it while a publish here was doing so too:
         # taken with that hand-off (delivery.take_handoff), up to its demand.
-        self.extra: list[tuple[UUID, str]] = []
+        self.extra: list[tuple[str, str]] = []
 
     def looking(self) -> None:
         """It is about to look: the wake-up, and the news it was owed, are taken."""
@@ -331,7 +331,7 @@ class WakeHub:
         self.sibling_handoffs_taken = 0  # and those a sibling leased for a consumer here, taken
         # Called with what a publish leased for a waiter that had gone by then
         # (set by Delivery, which gives those leases up).
-        self.on_abandoned: Callable[[str, list[tuple[UUID, str]]], None] | None = None
+        self.on_abandoned: Callable[[str, list[tuple[str, str]]], None] | None = None
 
     @property
     def connected(self) -> asyncio.Event:
@@ -386,7 +386,7 @@ class WakeHub:
         self,
         subscription_id: str,
         demand: int,
-        held: dict[UUID, float] | None = None,
+        held: dict[str, float] | None = None,
         consumer: str | None = None,
     ) -> Iterator[Waiter]:
         """Register a waiter for `subscription_id` (before its first look: no wake-up is missed).
@@ -544,7 +544,7 @@ class WakeHub:
                 return waiter
         return None
 
-    def hand_over(self, waiter: Waiter, events: list[tuple[UUID, str]]) -> None:
+    def hand_over(self, waiter: Waiter, events: list[tuple[str, str]]) -> None:
         """What the publish leased for a reserved waiter (none: nothing, or it failed): it takes that."""
         handoff = waiter.handoff
         if handoff is None or handoff.done():
@@ -632,7 +632,7 @@ class WakeHub:
         pid: int,
         subscription_id: str,
         consumer: str,
-        events: list[tuple[UUID, str]],
+        events: list[tuple[str, str]],
         all_as_of: int = -1,
         due: float | None = None,
     ) -> bool:
@@ -644,7 +644,7 @@ class WakeHub:
         self._sibling_reserved.discard((subscription_id, pid))
         if self.relay is None or self.stopping.is_set():  # (see _send: its sibling may drop it unread)
             return False
-        pairs = orjson.dumps([[str(message_id), data] for message_id, data in events]).decode()
+        pairs = orjson.dumps([[message_id, data] for message_id, data in events]).decode()
         when = "-" if due is None else repr(float(due))
         payload = f"{HANDED} {subscription_id} {all_as_of} {when} {consumer}\n{pairs}"
         if len(payload.encode()) > MAX_DATAGRAM_BYTES or not self.relay.send_to(pid, payload):
@@ -674,7 +674,7 @@ class WakeHub:
                     del self._sibling_parked[subscription_id]
         elif kind == HANDED:
             subscription_id, news, due, consumer = words.split(" ", 3)
-            events = [(UUID(message_id), data) for message_id, data in orjson.loads(rest)]
+            events = [(message_id, data) for message_id, data in orjson.loads(rest)]
             self._take_from_sibling(
                 subscription_id, consumer, events, int(news), None if due == "-" else float(due)
             )
@@ -683,7 +683,7 @@ class WakeHub:
         self,
         subscription_id: str,
         consumer: str,
-        events: list[tuple[UUID, str]],
+        events: list[tuple[str, str]],
         all_as_of: int = -1,
         due: float | None = None,
     ) -> None:
@@ -702,7 +702,7 @@ class WakeHub:
                 if not (waiter.parked and waiter.consumer == consumer and waiter.demand >= len(events)):
                     continue
                 if waiter.handoff is None:
-                    handoff: asyncio.Future[list[tuple[UUID, str]]] = (
+                    handoff: asyncio.Future[list[tuple[str, str]]] = (
                         asyncio.get_running_loop().create_future()
                     )
                     handoff.set_result(events)
@@ -720,7 +720,7 @@ class WakeHub:
         if self.on_abandoned is not None:
             self.on_abandoned(subscription_id, events)
 
-    def _abandoned(self, subscription_id: str, handoff: asyncio.Future[list[tuple[UUID, str]]]) -> None:
+    def _abandoned(self, subscription_id: str, handoff: asyncio.Future[list[tuple[str, str]]]) -> None:
         if not handoff.cancelled() and handoff.result() and self.on_abandoned is not None:
             self.on_abandoned(subscription_id, handoff.result())
 
@@ -856,7 +856,7 @@ class WakeHub:
         """This process acked, nacked or moved leases of `ids`: full streams holding them have room."""
         queue = self._queues.get(subscription_id)
         if queue is not None:
-            settled = {_uuid(i) for i in ids}
+            settled = set(map(str, ids))  # (str: ids as held, canonical text)
             for waiter in queue.waiters:
                 if waiter.held and not settled.isdisjoint(waiter.held):
                     for message_id in settled.intersection(waiter.held):
@@ -871,7 +871,7 @@ class WakeHub:
         if queue is None:
             return
         ends = asyncio.get_running_loop().time() + seconds
-        moved = {_uuid(i) for i in ids}
+        moved = set(map(str, ids))
         for waiter in queue.waiters:
             if waiter.held:
                 for message_id in moved.intersection(waiter.held):
@@ -1098,7 +1098,3 @@ class _Echoes:
             return False
         heard[number] = by_datagram
         return True
-
-
-def _uuid(value: UUID | str) -> UUID:
-    return value if isinstance(value, UUID) else UUID(value)

@@ -116,7 +116,7 @@ FROM fastpubsub.peek(:subscription_id, :limit)
 SELECT replayed, acked FROM fastpubsub.seek(:subscription_id, :time)
 
 -- leases_held --
-SELECT d.message_id, extract(epoch FROM d.lease_until - now())::double precision AS seconds
+SELECT d.message_id::text AS message_id, extract(epoch FROM d.lease_until - now())::double precision AS seconds
 FROM fastpubsub.deliveries AS d
 JOIN fastpubsub.subscriptions AS s ON s.key = d.subscription_key
 WHERE s.id = :subscription_id AND d.message_id = ANY (CAST(:ids AS uuid[]))
@@ -177,7 +177,7 @@ SELECT id, payload, attempts, created_at, attributes, priority, receipt
 FROM fastpubsub._lease(:subscription_id, ARRAY[CAST(:consumer_id AS text)], ARRAY[CAST(:batch_size AS integer)])
 
 -- consume_events --
--- One row per leased message: its id and its JSON (as consume_json renders it),
+-- One row per leased message: its id (as text) and its JSON (as consume_json renders it),
 -- for streams, which send one event per message; when fewer than batch_size
 -- were leased (all there was), also one row with no message and next_due, first
 -- (one round trip per look), as of after the lease (_next_due_after_lease).
@@ -188,7 +188,7 @@ WITH c AS MATERIALIZED (
     FROM fastpubsub._lease(:subscription_id, ARRAY[CAST(:consumer_id AS text)], ARRAY[CAST(:batch_size AS integer)])
         WITH ORDINALITY AS c(slot, id, payload, attributes, priority, attempts, created_at, receipt, ord)
 )
-SELECT c.id, c.data, NULL::double precision AS due, c.ord FROM c
+SELECT c.id::text, c.data, NULL::double precision AS due, c.ord FROM c
 UNION ALL
 SELECT NULL, NULL, fastpubsub._next_due_after_lease(:subscription_id), 0
 WHERE (SELECT count(*) FROM c) < CAST(:batch_size AS integer)

@@ -7,7 +7,6 @@ import json
 import secrets
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -935,14 +934,14 @@ async def test_a_consumer_handed_messages_here_and_by_a_sibling_at_once_takes_bo
     assert waiter is not None
     # Ids grow with publish time: the sibling's message was published first.
     events = {
-        "sibling": (uuid.UUID("01a22899-73a3-77a6-a8b6-8d20b1f9ca1c"), '{"from": "sibling", "priority": 0}'),
+        "sibling": ("01a22899-73a3-77a6-a8b6-8d20b1f9ca1c", '{"from": "sibling", "priority": 0}'),
         "here": (
-            uuid.UUID("01a22899-73bd-7a93-afe8-bcf2b34c72aa"),
+            "01a22899-73bd-7a93-afe8-bcf2b34c72aa",
             f'{{"from": "here", "priority": {here_priority}}}',
         ),
     }
     sibling = events["sibling"]
-    hub._sibling_handoff(f"{wakeups.HANDED} s -1 - c\n" + json.dumps([[str(sibling[0]), sibling[1]]]))
+    hub._sibling_handoff(f"{wakeups.HANDED} s -1 - c\n" + json.dumps([list(sibling)]))
     assert given_back == []  # not given back: it waits for this process's hand-off
     hub.hand_over(waiter, [events["here"]])
     data = (await asyncio.wait_for(answer, 5)).json()["data"]
