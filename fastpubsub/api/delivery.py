@@ -375,6 +375,10 @@ class Delivery:
                     else:  # it took all there was: without news, the next look would find nothing
                         hub.found_nothing(subscription_id, mark)
                         hub.note_due(subscription_id, due)
+                    if waiter.extra:  # a sibling leased it messages as it looked: in lease order
+                        page = [(m["id"], orjson.dumps(m).decode()) for m in orjson.loads(data)]
+                        page = with_extra(hub, subscription_id, waiter, page, batch_size)
+                        leased, data = len(page), "[" + ",".join(text for _, text in page) + "]"
                     if leased:
                         if gone.is_set():  # its client left while it leased them: nobody to answer
                             self._give_up_page(subscription_id, data)
@@ -625,8 +629,10 @@ class Delivery:
                                 )
                             finally:
                                 window.release(asked)  # what it leased is in `held` from here on
+                            full = len(events) >= min(room, MAX_BATCH_SIZE)
+                            # (With what a sibling leased for it as it looked: in lease order.)
+                            events = with_extra(hub, subscription_id, waiter, events, room)
                             if events:
-                                full = len(events) >= min(room, MAX_BATCH_SIZE)
                                 if full:
                                     hub.pass_on(subscription_id, waiter)
                                 self._took(subscription_id, events, held, loop.time() + window.lease_seconds)
@@ -785,21 +791,33 @@ def in_lease_order(events: list[tuple[str, str]]) -> list[tuple[str, str]]:
 async def take_handoff(hub: WakeHub, subscription_id: str, waiter: Waiter) -> list[tuple[str, str]]:
     """What a publish leased for the waiter while it was parked, once committed (none: []).
 
-    A publish here and one in a sibling worker may both have: it takes both,
-    in lease order and up to its demand, and the leases of the rest end at
-    once (hub.on_abandoned).
+    A publish here and one in a sibling worker may both have, and a sibling's
+    may have leased it messages while it was not parked (Waiter.extra): it
+    takes them all, in lease order and up to its demand (with_extra).
     """
-    if waiter.handoff is None:
-        return []
-    events = await asyncio.shield(waiter.handoff)
-    waiter.handoff = None
-    if waiter.extra:
-        events, waiter.extra = in_lease_order(events + waiter.extra), []
-        room = max(waiter.demand, 0)
-        if len(events) > room:
-            events, surplus = events[:room], events[room:]
-            if hub.on_abandoned is not None:
-                hub.on_abandoned(subscription_id, surplus)
+    events: list[tuple[str, str]] = []
+    if waiter.handoff is not None:
+        events = await asyncio.shield(waiter.handoff)
+        waiter.handoff = None
+    return with_extra(hub, subscription_id, waiter, events, waiter.demand)
+
+
+def with_extra(
+    hub: WakeHub, subscription_id: str, waiter: Waiter, events: list[tuple[str, str]], room: int
+) -> list[tuple[str, str]]:
+    """`events` with what a sibling leased for the waiter meanwhile (Waiter.extra), in lease order.
+
+    At most `room` of them: the leases of the rest (the last in lease order)
+    end at once (hub.on_abandoned).
+    """
+    if not waiter.extra:
+        return events
+    events, waiter.extra = in_lease_order(events + waiter.extra), []
+    room = max(room, 0)
+    if len(events) > room:
+        events, surplus = events[:room], events[room:]
+        if hub.on_abandoned is not None:
+            hub.on_abandoned(subscription_id, surplus)
     return events
 
 

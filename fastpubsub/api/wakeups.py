@@ -235,8 +235,10 @@ class Waiter:
         self.handoff: asyncio.Future[list[tuple[str, str]]] | None = None
         self.handoff_mark = 0  # its queue's news count when it was reserved
         self.missed = False  # a long-poll passed over for news while reserved (WakeHub.wake)
-        # What a sibling's publish leased for it while a publish here was doing so too:
-        # taken with that hand-off (delivery.take_handoff), up to its demand.
+        # What a sibling's publish leased for it while a publish here was doing so
+        # too, or while it was not parked (looking, or writing what it had): taken
+        # with the hand-off or its look, in lease order, up to its demand
+        # (delivery.take_handoff, delivery.with_extra).
         self.extra: list[tuple[str, str]] = []
 
     def looking(self) -> None:
@@ -687,12 +689,17 @@ class WakeHub:
         all_as_of: int = -1,
         due: float | None = None,
     ) -> None:
-        """Messages a sibling leased for `consumer`: to a consumer of that name parked here, or given back.
+        """Messages a sibling leased for `consumer`: to a consumer of that name here, or given back.
 
-        When that lease took all there was (`all_as_of`: the news count this
-        process said the consumer was parked at), nobody here need look until
-        news comes (found_nothing), as after a hand-off here, and the due time
-        is kept.
+        To one parked first. When that lease took all there was (`all_as_of`:
+        the news count this process said the consumer was parked at), nobody
+        here need look until news comes (found_nothing), as after a hand-off
+        here, and the due time is kept.
+
+        Otherwise to one of that name that stopped waiting meanwhile (its own
+        look may be leasing newer messages right now): it takes them with its
+        look's, in lease order, or at its next turn (Waiter.extra). Given back,
+        they could come after newer ones its look took.
         """
         queue = self._queues.get(subscription_id)
         if queue is not None and not self.stopping.is_set():
@@ -717,6 +724,19 @@ class WakeHub:
                     self.found_nothing(subscription_id, all_as_of)
                     self.note_due(subscription_id, due)
                 return
+            for waiter in queue.waiters:
+                if (
+                    waiter.consumer == consumer
+                    and not waiter.parked
+                    and waiter.demand - len(waiter.extra) >= len(events)
+                ):
+                    waiter.extra.extend(events)
+                    waiter.event.set()  # (if it parks before it looks, it takes them at once)
+                    self.sibling_handoffs_taken += len(events)
+                    self.note_leased(subscription_id)
+                    if all_as_of >= 0:
+                        self.note_due(subscription_id, due)
+                    return
         if self.on_abandoned is not None:
             self.on_abandoned(subscription_id, events)
 

@@ -19,7 +19,7 @@ from fastpubsub.db.listener import NotificationSender
 from fastpubsub.db.urls import libpq_url
 from fastpubsub.embedded import free_port
 from fastpubsub.sql.source import driver_queries
-from tests.api.asgi import count_queries
+from tests.api.asgi import Exchange, count_queries
 from tests.api.conftest import ClientFactory
 
 
@@ -947,6 +947,52 @@ async def test_a_consumer_handed_messages_here_and_by_a_sibling_at_once_takes_bo
     data = (await asyncio.wait_for(answer, 5)).json()["data"]
     assert [message["from"] for message in data] == expected
     assert given_back == ([("s", [events[name] for name in left])] if left else [])
+
+
+@pytest.mark.parametrize("consumer", ["long-poll", "stream"])
+async def test_a_sibling_hand_off_reaching_a_consumer_as_it_looks_comes_before_the_newer_messages_it_leased(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch, consumer: str
+) -> None:
+    """A sibling's publish leased message 1 for the consumer while the consumer (no longer parked)
+    looked and leased the newer message 2: it gets 1 then 2, as one look would have leased them.
+    (Given back, 1 came again after 2, and counted a second attempt.)"""
+    await setup(api)
+    state = api.app.state  # type: ignore[attr-defined]
+    hub = state.hub
+    await api.post("/topics/t/messages", json=[{"n": 1}])
+    # What the sibling's publish leased for the consumer, in its transaction.
+    (older,), _ = await state.database.consume_events("s", "c", 1)
+    await api.post("/topics/t/messages", json=[{"n": 2}])
+    datagram = f"{wakeups.HANDED} s -1 - c\n" + json.dumps([list(older)])
+    if consumer == "long-poll":
+        real_write = state.delivery.consumes.write
+
+        async def look(requests: Any) -> Any:
+            hub._sibling_handoff(datagram)  # it comes in as the look runs
+            monkeypatch.setattr(state.delivery.consumes, "write", real_write)
+            return await real_write(requests)
+
+        monkeypatch.setattr(state.delivery.consumes, "write", look)
+        answer = await api.get(
+            "/subscriptions/s/messages", params={"consumer_id": "c", "batch_size": 10, "wait_seconds": 5}
+        )
+        received = answer.json()["data"]
+    else:
+        real_look = state.database.consume_events
+
+        async def stream_look(*args: Any) -> Any:
+            hub._sibling_handoff(datagram)
+            monkeypatch.setattr(state.database, "consume_events", real_look)
+            return await real_look(*args)
+
+        monkeypatch.setattr(state.database, "consume_events", stream_look)
+        sse = Exchange(api.app, "/subscriptions/s/stream", {"consumer_id": "c", "max_in_flight": 10})
+        try:
+            received = [json.loads((await sse.next_event(within=5))[0]) for _ in range(2)]
+        finally:
+            await sse.close()
+    assert [(m["payload"], m["delivery_attempts"]) for m in received] == [({"n": 1}, 1), ({"n": 2}, 1)]
+    assert hub.sibling_handoffs_taken == 1
 
 
 @linux_only
