@@ -770,6 +770,8 @@ async def wait_for(event: asyncio.Event, seconds: float) -> bool:
 async def park(hub: WakeHub, subscription_id: str, waiter: Waiter, seconds: float) -> bool:
     """Wait for the waiter's event up to `seconds` (whether it was set), parked meanwhile: a publish
     here (WakeHub.reserve) or in a sibling worker (WakeHub.parking) may lease messages for it."""
+    if waiter.extra:  # a sibling leased it messages since its last look (a stream, writing): no wait
+        return True
     hub.parking(subscription_id, waiter)
     try:
         return await waiter.event.wait(seconds)

@@ -14,7 +14,7 @@ import httpx
 import psycopg
 import pytest
 
-from fastpubsub.api import siblings, wakeups
+from fastpubsub.api import delivery, siblings, wakeups
 from fastpubsub.db.listener import NotificationSender
 from fastpubsub.db.urls import libpq_url
 from fastpubsub.embedded import free_port
@@ -993,6 +993,25 @@ async def test_a_sibling_hand_off_reaching_a_consumer_as_it_looks_comes_before_t
             await sse.close()
     assert [(m["payload"], m["delivery_attempts"]) for m in received] == [({"n": 1}, 1), ({"n": 2}, 1)]
     assert hub.sibling_handoffs_taken == 1
+
+
+async def test_a_stream_handed_messages_by_a_sibling_as_it_wrote_takes_them_without_waiting(
+    api: httpx.AsyncClient,
+) -> None:
+    """The datagram came while the stream was writing (neither parked nor looking), and its next turn
+    makes no look (nothing new to look for): it does not wait for news with the messages in hand."""
+    await setup(api)
+    hub = api.app.state.hub  # type: ignore[attr-defined]
+    message = ("01a22899-73a3-77a6-a8b6-8d20b1f9ca1c", '{"n": 1}')
+    with hub.waiter("s", 1):
+        await asyncio.sleep(max(wakeups.NEW_INTEREST_LOOKS) + 0.1)  # past a new interest's own looks
+    with hub.waiter("s", 10, {}, consumer="c") as waiter:
+        hub._sibling_handoff(f"{wakeups.HANDED} s -1 - c\n" + json.dumps([list(message)]))
+        assert waiter.extra == [message]  # kept for it, not given back
+        waiter.looking()  # its next turn begins (the wake-up is taken) and it makes no look
+        assert await asyncio.wait_for(delivery.park(hub, "s", waiter, 10), 1)
+        assert await delivery.take_handoff(hub, "s", waiter) == [message]
+        assert waiter.extra == []
 
 
 @linux_only
