@@ -81,6 +81,38 @@ def dumps_text(value: Any) -> str:
     return dumps(value).decode("utf-8")
 
 
+# A JSON string (escapes included), or a character that opens, closes or separates.
+_STRUCTURE = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{},]', re.DOTALL)
+
+
+def array_elements(text: str) -> list[str]:
+    """The elements of a JSON array, each as it was written (none read, so none altered).
+
+    `text` must be valid JSON and an array (what PostgreSQL renders, say): the
+    commas that separate its elements are found, skipping those inside
+    strings, objects and nested arrays.
+    """
+    elements: list[str] = []
+    depth = 0
+    start = 0
+    for token in _STRUCTURE.finditer(text):
+        mark = token.group()[0]
+        if mark == '"':
+            continue
+        if mark in "[{":
+            depth += 1
+            if depth == 1:
+                start = token.end()
+        elif mark in "]}":
+            depth -= 1
+            if depth == 0 and text[start : token.start()].strip():
+                elements.append(text[start : token.start()].strip())
+        elif depth == 1:  # a comma between two elements
+            elements.append(text[start : token.start()].strip())
+            start = token.end()
+    return elements
+
+
 # What callers that refuse non_finite values say.
 FINITE_NUMBERS = (
     "numbers must be finite: NaN, Infinity and numbers out of a double's range (1e400) are refused"

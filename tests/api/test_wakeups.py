@@ -962,7 +962,9 @@ async def test_a_sibling_hand_off_reaching_a_consumer_as_it_looks_comes_before_t
     await api.post("/topics/t/messages", json=[{"n": 1}])
     # What the sibling's publish leased for the consumer, in its transaction.
     (older,), _ = await state.database.consume_events("s", "c", 1)
-    await api.post("/topics/t/messages", json=[{"n": 2}])
+    # Numbers a double cannot hold: they reach the consumer as written, though the pages are merged.
+    exact = '{"n": 2, "big": 123456789012345678901234567890, "fine": 0.1234567890123456789012}'
+    await api.post("/topics/t/messages", content=f"[{exact}]", headers={"content-type": "application/json"})
     datagram = f"{wakeups.HANDED} s -1 - c\n" + json.dumps([list(older)])
     if consumer == "long-poll":
         real_write = state.delivery.consumes.write
@@ -977,6 +979,7 @@ async def test_a_sibling_hand_off_reaching_a_consumer_as_it_looks_comes_before_t
             "/subscriptions/s/messages", params={"consumer_id": "c", "batch_size": 10, "wait_seconds": 5}
         )
         received = answer.json()["data"]
+        raw = answer.text
     else:
         real_look = state.database.consume_events
 
@@ -988,10 +991,13 @@ async def test_a_sibling_hand_off_reaching_a_consumer_as_it_looks_comes_before_t
         monkeypatch.setattr(state.database, "consume_events", stream_look)
         sse = Exchange(api.app, "/subscriptions/s/stream", {"consumer_id": "c", "max_in_flight": 10})
         try:
-            received = [json.loads((await sse.next_event(within=5))[0]) for _ in range(2)]
+            texts = [(await sse.next_event(within=5))[0] for _ in range(2)]
+            received, raw = [json.loads(text) for text in texts], b"".join(texts).decode()
         finally:
             await sse.close()
-    assert [(m["payload"], m["delivery_attempts"]) for m in received] == [({"n": 1}, 1), ({"n": 2}, 1)]
+    assert [(m["payload"]["n"], m["delivery_attempts"]) for m in received] == [(1, 1), (2, 1)]
+    assert "123456789012345678901234567890" in raw
+    assert "0.1234567890123456789012" in raw
     assert hub.sibling_handoffs_taken == 1
 
 

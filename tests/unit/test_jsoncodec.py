@@ -74,3 +74,25 @@ def test_loads_reads_whole_surrogate_pairs_and_refuses_json_nested_too_deep() ->
     deep = "[" * 3000 + "]" * 3000
     with pytest.raises(ValueError, match="nested too deeply"):
         jsoncodec.loads(deep)
+
+
+@pytest.mark.parametrize(
+    ("text", "elements"),
+    [
+        ("[]", []),
+        (" [ ] ", []),
+        ('[{"a": 1}]', ['{"a": 1}']),
+        (
+            '[{"s": "a, b ] } { [", "q": "say \\"hi\\", \\\\"}, {"n": [1, [2, 3]], "o": {"x": {}}}]',
+            ['{"s": "a, b ] } { [", "q": "say \\"hi\\", \\\\"}', '{"n": [1, [2, 3]], "o": {"x": {}}}'],
+        ),
+        (
+            "[1, 123456789012345678901234567890, 0.1234567890123456789012]",
+            ["1", "123456789012345678901234567890", "0.1234567890123456789012"],
+        ),
+        ('["\\u00e9,", null, true]', ['"\\u00e9,"', "null", "true"]),
+    ],
+)
+def test_array_elements_are_split_as_written(text: str, elements: list[str]) -> None:
+    assert jsoncodec.array_elements(text) == elements
+    assert [json.loads(e) for e in elements] == json.loads(text)  # each a value of the array, in order
