@@ -279,10 +279,13 @@ async def test_a_long_poll_whose_client_left_while_its_look_leased_gives_the_lea
         return await real(requests)
 
     client = asyncio.Queue[dict[str, str]]()  # what the long-poll's client says: nothing, then it hangs up
-    wait = 0.3 if look == "last" else 10
+    settled = max(wakeups.NEW_INTEREST_LOOKS) + 0.2  # a new interest's own looks are over by then
+    wait = settled + 0.3 if look == "last" else 10
     if look == "last":
-        # Its first look finds nothing and it waits out its 0.3 s (nothing wakes it): held is the last.
+        # Its looks find nothing (the first, and a new interest's) and it waits out its time: the
+        # look held is the last, after the deadline.
         polling = asyncio.create_task(state.delivery._consume_waiting("s", "c", 1, wait, client.get))
+        await asyncio.sleep(settled)
         await _parked_in(api, "c")
         monkeypatch.setattr(state.delivery.consumes, "write", held_look)
     else:
