@@ -702,41 +702,28 @@ class WakeHub:
         they could come after newer ones its look took.
         """
         queue = self._queues.get(subscription_id)
-        if queue is not None and not self.stopping.is_set():
-            # The consumer its siblings were told of, first (no scan of thousands of streams).
-            first = [queue.advertised] if queue.advertised is not None else []
-            for waiter in itertools.chain(first, queue.waiters):
-                if not (waiter.parked and waiter.consumer == consumer and waiter.demand >= len(events)):
-                    continue
-                if waiter.handoff is None:
-                    handoff: asyncio.Future[list[tuple[str, str]]] = (
-                        asyncio.get_running_loop().create_future()
-                    )
-                    handoff.set_result(events)
-                    waiter.handoff = handoff
-                    waiter.handoff_mark = all_as_of  # -1: news unknown, a stream looks again after it
-                    waiter.event.set()
-                else:  # a publish here is handing it messages too: it takes both (up to its demand)
-                    waiter.extra.extend(events)
-                self.sibling_handoffs_taken += len(events)
-                self.note_leased(subscription_id)
-                if all_as_of >= 0:
+        taker = (
+            None if queue is None or self.stopping.is_set() else _sibling_taker(queue, consumer, len(events))
+        )
+        if taker is not None:
+            if not taker.parked:  # it takes them with its look, or at its next turn
+                taker.extra.extend(events)
+                taker.event.set()
+            elif taker.handoff is None:
+                handoff: asyncio.Future[list[tuple[str, str]]] = asyncio.get_running_loop().create_future()
+                handoff.set_result(events)
+                taker.handoff = handoff
+                taker.handoff_mark = all_as_of  # -1: news unknown, a stream looks again after it
+                taker.event.set()
+            else:  # a publish here is handing it messages too: it takes both (up to its demand)
+                taker.extra.extend(events)
+            self.sibling_handoffs_taken += len(events)
+            self.note_leased(subscription_id)
+            if all_as_of >= 0:
+                if taker.parked:
                     self.found_nothing(subscription_id, all_as_of)
-                    self.note_due(subscription_id, due)
-                return
-            for waiter in queue.waiters:
-                if (
-                    waiter.consumer == consumer
-                    and not waiter.parked
-                    and waiter.demand - len(waiter.extra) >= len(events)
-                ):
-                    waiter.extra.extend(events)
-                    waiter.event.set()  # (if it parks before it looks, it takes them at once)
-                    self.sibling_handoffs_taken += len(events)
-                    self.note_leased(subscription_id)
-                    if all_as_of >= 0:
-                        self.note_due(subscription_id, due)
-                    return
+                self.note_due(subscription_id, due)
+            return
         if self.on_abandoned is not None:
             self.on_abandoned(subscription_id, events)
 
@@ -1069,6 +1056,27 @@ class WakeHub:
                 for subscription_id in list(self._queues):
                     self.wake(subscription_id, None)
                     self._room_elsewhere(subscription_id)
+
+
+def _sibling_taker(queue: _Queue, consumer: str, count: int) -> Waiter | None:
+    """The waiter that takes `count` messages a sibling leased for `consumer` (None: they go back).
+
+    One of that name parked with room for them, first: the one the siblings
+    were told of comes first, so there is no scan of thousands of streams.
+    Else one of that name not parked (looking, or writing what it had) with
+    room for them besides what it already has pending.
+    """
+    first = [queue.advertised] if queue.advertised is not None else []
+    unparked = None
+    for waiter in itertools.chain(first, queue.waiters):
+        if waiter.consumer != consumer:
+            continue
+        if waiter.parked:
+            if waiter.demand >= count:
+                return waiter
+        elif unparked is None and waiter.demand - len(waiter.extra) >= count:
+            unparked = waiter
+    return unparked
 
 
 class _Echoes:

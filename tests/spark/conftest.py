@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,15 +40,10 @@ def light_jvms(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         f"spark.executor.defaultJavaOptions {options}\n"
         f"spark.local.dir {temporary}\n"
     )
-    wanted = {"SPARK_CONF_DIR": str(folder), "SPARK_DAEMON_JAVA_OPTS": options}
-    before = {name: os.environ.get(name) for name in wanted}
-    os.environ.update(wanted)
-    yield temporary
-    for name, value in before.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    with pytest.MonkeyPatch.context() as environment:
+        environment.setenv("SPARK_CONF_DIR", str(folder))
+        environment.setenv("SPARK_DAEMON_JAVA_OPTS", options)
+        yield temporary
 
 
 @pytest.fixture(scope="session")
