@@ -39,7 +39,9 @@ Where the news comes from:
   looks every second.
 
 Full streams are waiters with no demand: they wake when this process settles
-one of their messages, or when another process says `settled:<subscription>`.
+one of their messages, when a sibling worker that settled some sends their ids
+(`!settled`, when only the siblings wait on the subscription), or when another
+process says `settled:<subscription>`.
 
 Hand-offs between the workers of one server: a worker whose consumers of a
 subscription have one parked tells its siblings so by datagram (`!park`,
@@ -131,6 +133,10 @@ DIRECT = "/direct"
 PARK = "!park"
 UNPARK = "!unpark"
 HANDED = "!handed"
+# `!settled <subscription>` with, on the next line, the ids (space-separated)
+# this worker acked, nacked or gave up of that subscription, for streams: sent
+# to the siblings waiting on it instead of the `settled:` news (see settled).
+SETTLED = "!settled"
 
 
 # The hubs of the applications running in this process: the worker tells them
@@ -655,7 +661,7 @@ class WakeHub:
         return True
 
     def _sibling_handoff(self, payload: str) -> None:
-        """A sibling's `!park`, `!unpark` or `!handed` (see the module docstring)."""
+        """A sibling's `!park`, `!unpark`, `!handed` or `!settled` (see the module docstring)."""
         head, _, rest = payload.partition("\n")
         kind, _, words = head.partition(" ")
         if kind == PARK:
@@ -680,6 +686,8 @@ class WakeHub:
             self._take_from_sibling(
                 subscription_id, consumer, events, int(news), None if due == "-" else float(due)
             )
+        elif kind == SETTLED:
+            self._free_held(words, set(rest.split()))
 
     def _take_from_sibling(
         self,
@@ -860,17 +868,54 @@ class WakeHub:
         self._tell(subscription_id, uncovered or count)
 
     def settled(self, subscription_id: str, ids: Iterable[UUID | str], count: int, streaming: bool) -> None:
-        """This process acked, nacked or moved leases of `ids`: full streams holding them have room."""
-        queue = self._queues.get(subscription_id)
-        if queue is not None:
-            settled = set(map(str, ids))  # (str: ids as held, canonical text)
-            for waiter in queue.waiters:
-                if waiter.held and not settled.isdisjoint(waiter.held):
-                    for message_id in settled.intersection(waiter.held):
-                        del waiter.held[message_id]
-                    waiter.event.set()
-        if streaming and count:  # a stream of this subscription is open somewhere
+        """This process acked, nacked or moved leases of `ids`: full streams holding them have room.
+
+        Here at once; in the siblings by the ids themselves when only they
+        wait on the subscription (_settled_to_siblings); otherwise the others
+        hear `settled:<subscription>`, and their full streams ask the database
+        which of their leases are still held.
+        """
+        settled = set(map(str, ids))  # (str: ids as held, canonical text)
+        self._free_held(subscription_id, settled)
+        # (streaming: a stream of this subscription is open somewhere.)
+        if streaming and count and not self._settled_to_siblings(subscription_id, settled):
             self._tell(f"settled:{subscription_id}", count)
+
+    def _free_held(self, subscription_id: str, settled: set[str]) -> None:
+        """The streams here holding any of `settled` hold them no more: room, and they wake."""
+        queue = self._queues.get(subscription_id)
+        if queue is None:
+            return
+        for waiter in queue.waiters:
+            if waiter.held and not settled.isdisjoint(waiter.held):
+                for message_id in settled.intersection(waiter.held):
+                    del waiter.held[message_id]
+                waiter.event.set()
+
+    def _settled_to_siblings(self, subscription_id: str, settled: set[str]) -> bool:
+        """Send the settled ids to the siblings waiting on the subscription (`!settled`); whether that told
+        everyone who needs to hear.
+
+        A sibling's full stream then frees exactly what was settled, as one here
+        does, instead of asking the database which of its leases are still held
+        (a stream draining at full speed, acking through whichever worker took
+        its ack's connection, asked that for every other ack). Not when another
+        server waits on the subscription too, or may (see _tell): those hear
+        `settled:` as before, and so do the siblings, with it.
+        """
+        if self.relay is None or self.stopping.is_set():  # (a stopping worker's datagrams go unread)
+            return False
+        now = asyncio.get_running_loop().time()
+        if now < self._tell_everything_until:
+            return False
+        waiting = [tag for tag, until in self._others.get(subscription_id, {}).items() if until >= now]
+        workers = {self._echoes.sibling_pid(tag) for tag in waiting}
+        if None in workers:
+            return False
+        payload = f"{SETTLED} {subscription_id}\n" + " ".join(settled)
+        if len(payload.encode()) > MAX_DATAGRAM_BYTES:
+            return False
+        return all(self.relay.send_to(pid, payload) for pid in workers if pid is not None)
 
     def extended(self, subscription_id: str, ids: Iterable[UUID | str], seconds: float) -> None:
         """This process moved leases of `ids` to end `seconds` from now: streams holding them hold them on."""

@@ -696,6 +696,76 @@ async def test_a_sibling_worker_that_cannot_be_reached_directly_hears_through_th
     assert hub.notifications_sent == sent + 1
 
 
+async def full_stream_in_b(
+    make_api: ClientFactory, as_worker: Callable[[int], None], monkeypatch: pytest.MonkeyPatch
+) -> tuple[httpx.AsyncClient, httpx.AsyncClient, Exchange, dict[str, Any]]:
+    """Workers a and b, past telling everything; in b a stream of s with room for one message, holding it."""
+    monkeypatch.setattr(wakeups, "INTEREST_SECONDS", 1.5)
+    monkeypatch.setattr(wakeups, "INTEREST_REFRESH_SECONDS", 0.3)
+    monkeypatch.setattr(delivery, "FULL_RECHECK_SECONDS", 60.0)  # only news can give it room
+    as_worker(1)
+    a = await make_api()
+    as_worker(2)
+    b = await make_api()
+    siblings.configure(None)
+    await a.post("/topics", json={"id": "t"})
+    await a.post("/subscriptions", json={"id": "s", "topic_id": "t", "ack_deadline_seconds": 60})
+    for app in (a, b):
+        await asyncio.wait_for(app.app.state.hub.connected.wait(), 5)  # type: ignore[attr-defined]
+    await asyncio.sleep(1.6)  # past the time each tells everything, not knowing the others yet
+    await a.post("/topics/t/messages", json=[{"n": 1}, {"n": 2}])
+    stream = Exchange(b.app, "/subscriptions/s/stream", {"consumer_id": "c", "max_in_flight": 1})  # type: ignore[attr-defined]
+    held = json.loads((await stream.next_event(within=5))[0])
+    assert held["payload"] == {"n": 1}
+    # a hears that b waits on s (its stream's declaration, by datagram).
+    hub = a.app.state.hub  # type: ignore[attr-defined]
+    for _ in range(300):
+        if any(hub._echoes.sibling_pid(tag) == 2 for tag in hub._others.get("s", {})):
+            break
+        await asyncio.sleep(0.01)
+    return a, b, stream, held
+
+
+@linux_only
+async def test_a_full_stream_freed_by_an_ack_in_a_sibling_worker_refills_without_asking_the_database(
+    make_api: ClientFactory, as_worker: Callable[[int], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ack went to worker a, the stream is in b: a sends b the acked ids (`!settled`), and the
+    stream frees exactly those, as for an ack in its own worker. It used to hear `settled:s` and
+    ask the database which of its leases were still held, for every such ack of a stream
+    draining at full speed; and nobody else waits on s, so no notification goes out either."""
+    a, b, stream, held = await full_stream_in_b(make_api, as_worker, monkeypatch)
+    hub = a.app.state.hub  # type: ignore[attr-defined]
+    try:
+        ran = count_queries(b, monkeypatch)
+        sent = hub.notifications_sent
+        assert (await a.post("/subscriptions/s/acks", json=[held["id"]])).status_code == 204
+        refill = json.loads((await stream.next_event(within=5))[0])
+        assert refill["payload"] == {"n": 2}
+        assert "leases_held" not in ran
+        assert hub.notifications_sent == sent
+    finally:
+        await stream.close()
+
+
+@linux_only
+async def test_a_full_stream_whose_sibling_ack_could_not_be_sent_directly_still_refills(
+    make_api: ClientFactory, as_worker: Callable[[int], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """b's socket is gone (its queue full, say): the ids cannot go to it, so a says `settled:s`
+    through the database, and b's full stream asks which of its leases are still held."""
+    a, b, stream, held = await full_stream_in_b(make_api, as_worker, monkeypatch)
+    b.app.state.hub.relay.close()  # type: ignore[attr-defined]
+    try:
+        ran = count_queries(b, monkeypatch)
+        assert (await a.post("/subscriptions/s/acks", json=[held["id"]])).status_code == 204
+        refill = json.loads((await stream.next_event(within=5))[0])
+        assert refill["payload"] == {"n": 2}
+        assert "leases_held" in ran
+    finally:
+        await stream.close()
+
+
 @linux_only
 async def test_news_a_sibling_hears_both_directly_and_by_notification_wakes_it_once(
     make_api: ClientFactory, as_worker: Callable[[int], None], monkeypatch: pytest.MonkeyPatch
