@@ -599,6 +599,7 @@ class Delivery:
         ):
             window.waiter = waiter
             try:
+                await hub.registered(subscription_id)
                 while not hub.stopping.is_set():
                     no_news = handed_all and not hub.news_since_reserved(subscription_id, waiter)
                     handed_all = False

@@ -89,6 +89,8 @@ DEGRADED_RECHECK_SECONDS = 1.0
 # Streams register (touch_stream) so that acks and nacks in other processes tell
 # them about room; the hub renews that for its subscriptions well within its 60 s.
 TOUCH_SECONDS = 30.0
+# A stream opening waits this long at most for its subscription's registration here.
+REGISTER_WAIT_SECONDS = 5.0
 # Streams opening read their subscription (its ack deadline) at most this often per process.
 SUBSCRIPTION_SECONDS = 5.0
 # Each process says which subscriptions it has waiters for (`+orders`), at least
@@ -263,6 +265,7 @@ class _Queue:
         "idle_since",
         "looked_at",
         "news",
+        "registering",
         "streams",
         "waiters",
     )
@@ -284,6 +287,8 @@ class _Queue:
         self.looked_at = -math.inf  # loop time a stream's look last began
         # The parked consumer the siblings were told of (`!park`), if any.
         self.advertised: Waiter | None = None
+        # Registering its streams (touch_stream), while that runs (see WakeHub.registered).
+        self.registering: asyncio.Task[None] | None = None
 
 
 class WakeHub:
@@ -449,12 +454,28 @@ class WakeHub:
             task = detached(self._touch(subscription_id), "fastpubsub-touch-stream")
             self._touching.add(task)
             task.add_done_callback(self._touching.discard)
+            queue.registering = task
         queue.streams += 1
         try:
             yield
         finally:
             queue.streams -= 1
             self._idle_if_unused(subscription_id, queue)
+
+    async def registered(self, subscription_id: str) -> None:
+        """Wait until the streams of `subscription_id` here are registered (or that failed).
+
+        A stream leases nothing before: an ack of its message committed in
+        another process before the registration would find no stream of the
+        subscription open, and tell nobody of the room it made (the stream
+        would wait FULL_RECHECK_SECONDS for it). At most REGISTER_WAIT_SECONDS:
+        a database that does not answer is the stream's to ride out.
+        """
+        queue = self._queues.get(subscription_id)
+        task = None if queue is None else queue.registering
+        if task is not None and not task.done():
+            # (Not cancelled with this stream: the others wait for it too.)
+            await asyncio.wait({task}, timeout=REGISTER_WAIT_SECONDS)
 
     def _queue(self, subscription_id: str) -> _Queue:
         queue = self._queues.get(subscription_id)

@@ -697,9 +697,15 @@ async def test_a_sibling_worker_that_cannot_be_reached_directly_hears_through_th
 
 
 async def full_stream_in_b(
-    make_api: ClientFactory, as_worker: Callable[[int], None], monkeypatch: pytest.MonkeyPatch
+    make_api: ClientFactory,
+    as_worker: Callable[[int], None],
+    monkeypatch: pytest.MonkeyPatch,
+    touch_seconds: float = 0,
 ) -> tuple[httpx.AsyncClient, httpx.AsyncClient, Exchange, dict[str, Any]]:
-    """Workers a and b, past telling everything; in b a stream of s with room for one message, holding it."""
+    """Workers a and b, past telling everything; in b a stream of s with room for one message, holding it.
+
+    `touch_seconds`: how long b's registration of the stream (touch_stream) takes.
+    """
     monkeypatch.setattr(wakeups, "INTEREST_SECONDS", 1.5)
     monkeypatch.setattr(wakeups, "INTEREST_REFRESH_SECONDS", 0.3)
     monkeypatch.setattr(delivery, "FULL_RECHECK_SECONDS", 60.0)  # only news can give it room
@@ -714,6 +720,14 @@ async def full_stream_in_b(
         await asyncio.wait_for(app.app.state.hub.connected.wait(), 5)  # type: ignore[attr-defined]
     await asyncio.sleep(1.6)  # past the time each tells everything, not knowing the others yet
     await a.post("/topics/t/messages", json=[{"n": 1}, {"n": 2}])
+    database = b.app.state.database  # type: ignore[attr-defined]
+    real_touch = database.touch_stream
+
+    async def slow_touch(subscription_id: str) -> None:
+        await asyncio.sleep(touch_seconds)
+        await real_touch(subscription_id)
+
+    monkeypatch.setattr(database, "touch_stream", slow_touch)
     stream = Exchange(b.app, "/subscriptions/s/stream", {"consumer_id": "c", "max_in_flight": 1})  # type: ignore[attr-defined]
     held = json.loads((await stream.next_event(within=5))[0])
     assert held["payload"] == {"n": 1}
@@ -744,6 +758,22 @@ async def test_a_full_stream_freed_by_an_ack_in_a_sibling_worker_refills_without
         assert refill["payload"] == {"n": 2}
         assert "leases_held" not in ran
         assert hub.notifications_sent == sent
+    finally:
+        await stream.close()
+
+
+@linux_only
+async def test_a_stream_leases_nothing_before_it_is_registered(
+    make_api: ClientFactory, as_worker: Callable[[int], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """b registers its stream slowly (touch_stream, 2 s). An ack in a of a message the stream
+    leased before it was registered found no stream of s open, and told nobody of the room it
+    made: the full stream waited FULL_RECHECK_SECONDS. It now leases only once registered."""
+    a, _, stream, held = await full_stream_in_b(make_api, as_worker, monkeypatch, touch_seconds=2)
+    try:
+        assert (await a.post("/subscriptions/s/acks", json=[held["id"]])).status_code == 204
+        refill = json.loads((await stream.next_event(within=5))[0])
+        assert refill["payload"] == {"n": 2}
     finally:
         await stream.close()
 
