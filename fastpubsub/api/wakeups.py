@@ -926,17 +926,24 @@ class WakeHub:
         """
         if self.relay is None or self.stopping.is_set():  # (a stopping worker's datagrams go unread)
             return False
-        now = asyncio.get_running_loop().time()
-        if now < self._tell_everything_until:
-            return False
-        waiting = [tag for tag, until in self._others.get(subscription_id, {}).items() if until >= now]
-        workers = {self._echoes.sibling_pid(tag) for tag in waiting}
-        if None in workers:
+        workers = self._waiting_elsewhere(subscription_id)
+        if workers is None or None in workers:
             return False
         payload = f"{SETTLED} {subscription_id}\n" + " ".join(settled)
         if len(payload.encode()) > MAX_DATAGRAM_BYTES:
             return False
         return all(self.relay.send_to(pid, payload) for pid in workers if pid is not None)
+
+    def _waiting_elsewhere(self, subscription_id: str) -> set[int | None] | None:
+        """The other processes waiting on `subscription_id`: a sibling's pid each, None for any other.
+
+        None while this process cannot know (it has not heard everyone's interests yet).
+        """
+        now = asyncio.get_running_loop().time()
+        if now < self._tell_everything_until:
+            return None
+        interests = self._others.get(subscription_id, {})
+        return {self._echoes.sibling_pid(tag) for tag, until in interests.items() if until >= now}
 
     def extended(self, subscription_id: str, ids: Iterable[UUID | str], seconds: float) -> None:
         """This process moved leases of `ids` to end `seconds` from now: streams holding them hold them on."""
@@ -1005,20 +1012,12 @@ class WakeHub:
         datagram), the datagrams tell them and no notification is sent, unless
         one of those workers could not be reached (see _send).
         """
-        now = asyncio.get_running_loop().time()
-        if now < self._tell_everything_until:
+        workers = self._waiting_elsewhere(name.removeprefix("settled:"))
+        if workers is not None and not workers:
+            return  # nobody else waits on it
+        if workers is None or None in workers:
             self._pending_for_database = True
-        else:
-            waiting = [
-                tag
-                for tag, until in self._others.get(name.removeprefix("settled:"), {}).items()
-                if until >= now
-            ]
-            if not waiting:
-                return
-            workers = [self._echoes.sibling_pid(tag) for tag in waiting]
-            if None in workers:
-                self._pending_for_database = True
+        if workers:
             self._pending_siblings.update(pid for pid in workers if pid is not None)
         self._pending[name] = self._pending.get(name, 0) + count
         self._start_sending()

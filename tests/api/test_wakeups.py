@@ -623,14 +623,10 @@ def as_worker() -> Iterator[Workers]:
     siblings.configure(None)
 
 
-async def sibling_waiting(
-    make_api: ClientFactory,
-    as_worker: Callable[[int], None],
-    monkeypatch: pytest.MonkeyPatch,
-    *,
-    far: int = 1,
-) -> tuple[httpx.AsyncClient, httpx.AsyncClient, list[asyncio.Task[list[dict]]]]:
-    """Workers a and b of one server, past telling everything; `far` long-polls in b, past first looks."""
+async def two_workers(
+    make_api: ClientFactory, as_worker: Callable[[int], None], monkeypatch: pytest.MonkeyPatch
+) -> tuple[httpx.AsyncClient, httpx.AsyncClient]:
+    """Workers a (pid 1) and b (pid 2) of one server, past the time each tells everything."""
     # They learn each other's interests quickly, and keep them (declared again every 0.3 s).
     monkeypatch.setattr(wakeups, "INTEREST_SECONDS", 1.5)
     monkeypatch.setattr(wakeups, "INTEREST_REFRESH_SECONDS", 0.3)
@@ -639,10 +635,22 @@ async def sibling_waiting(
     as_worker(2)
     b = await make_api()
     siblings.configure(None)
-    await setup(a)
     for app in (a, b):
         await asyncio.wait_for(app.app.state.hub.connected.wait(), 5)  # type: ignore[attr-defined]
     await asyncio.sleep(1.6)  # past the time each tells everything, not knowing the others yet
+    return a, b
+
+
+async def sibling_waiting(
+    make_api: ClientFactory,
+    as_worker: Callable[[int], None],
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    far: int = 1,
+) -> tuple[httpx.AsyncClient, httpx.AsyncClient, list[asyncio.Task[list[dict]]]]:
+    """Workers a and b of one server, past telling everything; `far` long-polls in b, past first looks."""
+    a, b = await two_workers(make_api, as_worker, monkeypatch)
+    await setup(a)
     polls = [long_poll(b, f"far{n}") for n in range(far)]
     await settle_waiters(b, far)
     await asyncio.sleep(max(wakeups.NEW_INTEREST_LOOKS) + 0.1)
@@ -706,19 +714,10 @@ async def full_stream_in_b(
 
     `touch_seconds`: how long b's registration of the stream (touch_stream) takes.
     """
-    monkeypatch.setattr(wakeups, "INTEREST_SECONDS", 1.5)
-    monkeypatch.setattr(wakeups, "INTEREST_REFRESH_SECONDS", 0.3)
     monkeypatch.setattr(delivery, "FULL_RECHECK_SECONDS", 60.0)  # only news can give it room
-    as_worker(1)
-    a = await make_api()
-    as_worker(2)
-    b = await make_api()
-    siblings.configure(None)
+    a, b = await two_workers(make_api, as_worker, monkeypatch)
     await a.post("/topics", json={"id": "t"})
     await a.post("/subscriptions", json={"id": "s", "topic_id": "t", "ack_deadline_seconds": 60})
-    for app in (a, b):
-        await asyncio.wait_for(app.app.state.hub.connected.wait(), 5)  # type: ignore[attr-defined]
-    await asyncio.sleep(1.6)  # past the time each tells everything, not knowing the others yet
     await a.post("/topics/t/messages", json=[{"n": 1}, {"n": 2}])
     database = b.app.state.database  # type: ignore[attr-defined]
     real_touch = database.touch_stream
