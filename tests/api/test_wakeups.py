@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
@@ -704,13 +705,15 @@ async def test_a_sibling_worker_that_cannot_be_reached_directly_hears_through_th
     assert hub.notifications_sent == sent + 1
 
 
+@contextlib.asynccontextmanager
 async def full_stream_in_b(
     make_api: ClientFactory,
     as_worker: Callable[[int], None],
     monkeypatch: pytest.MonkeyPatch,
     touch_seconds: float = 0,
-) -> tuple[httpx.AsyncClient, httpx.AsyncClient, Exchange, dict[str, Any]]:
-    """Workers a and b, past telling everything; in b a stream of s with room for one message, holding it.
+) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient, Exchange, dict[str, Any]]]:
+    """Workers a and b, past telling everything; in b a stream of s with room for one message, holding it
+    (closed at the end).
 
     `touch_seconds`: how long b's registration of the stream (touch_stream) takes.
     """
@@ -736,7 +739,17 @@ async def full_stream_in_b(
         if any(hub._echoes.sibling_pid(tag) == 2 for tag in hub._others.get("s", {})):
             break
         await asyncio.sleep(0.01)
-    return a, b, stream, held
+    try:
+        yield a, b, stream, held
+    finally:
+        await stream.close()
+
+
+async def refills_after_an_ack_in(a: httpx.AsyncClient, stream: Exchange, held: dict[str, Any]) -> None:
+    """Ack the message b's full stream holds through worker a: the stream then sends the next (n=2)."""
+    assert (await a.post("/subscriptions/s/acks", json=[held["id"]])).status_code == 204
+    refill = json.loads((await stream.next_event(within=5))[0])
+    assert refill["payload"] == {"n": 2}
 
 
 @linux_only
@@ -747,18 +760,13 @@ async def test_a_full_stream_freed_by_an_ack_in_a_sibling_worker_refills_without
     stream frees exactly those, as for an ack in its own worker. It used to hear `settled:s` and
     ask the database which of its leases were still held, for every such ack of a stream
     draining at full speed; and nobody else waits on s, so no notification goes out either."""
-    a, b, stream, held = await full_stream_in_b(make_api, as_worker, monkeypatch)
-    hub = a.app.state.hub  # type: ignore[attr-defined]
-    try:
+    async with full_stream_in_b(make_api, as_worker, monkeypatch) as (a, b, stream, held):
+        hub = a.app.state.hub  # type: ignore[attr-defined]
         ran = count_queries(b, monkeypatch)
         sent = hub.notifications_sent
-        assert (await a.post("/subscriptions/s/acks", json=[held["id"]])).status_code == 204
-        refill = json.loads((await stream.next_event(within=5))[0])
-        assert refill["payload"] == {"n": 2}
+        await refills_after_an_ack_in(a, stream, held)
         assert "leases_held" not in ran
         assert hub.notifications_sent == sent
-    finally:
-        await stream.close()
 
 
 @linux_only
@@ -768,13 +776,8 @@ async def test_a_stream_leases_nothing_before_it_is_registered(
     """b registers its stream slowly (touch_stream, 2 s). An ack in a of a message the stream
     leased before it was registered found no stream of s open, and told nobody of the room it
     made: the full stream waited FULL_RECHECK_SECONDS. It now leases only once registered."""
-    a, _, stream, held = await full_stream_in_b(make_api, as_worker, monkeypatch, touch_seconds=2)
-    try:
-        assert (await a.post("/subscriptions/s/acks", json=[held["id"]])).status_code == 204
-        refill = json.loads((await stream.next_event(within=5))[0])
-        assert refill["payload"] == {"n": 2}
-    finally:
-        await stream.close()
+    async with full_stream_in_b(make_api, as_worker, monkeypatch, touch_seconds=2) as (a, _, stream, held):
+        await refills_after_an_ack_in(a, stream, held)
 
 
 @linux_only
@@ -783,16 +786,11 @@ async def test_a_full_stream_whose_sibling_ack_could_not_be_sent_directly_still_
 ) -> None:
     """b's socket is gone (its queue full, say): the ids cannot go to it, so a says `settled:s`
     through the database, and b's full stream asks which of its leases are still held."""
-    a, b, stream, held = await full_stream_in_b(make_api, as_worker, monkeypatch)
-    b.app.state.hub.relay.close()  # type: ignore[attr-defined]
-    try:
+    async with full_stream_in_b(make_api, as_worker, monkeypatch) as (a, b, stream, held):
+        b.app.state.hub.relay.close()  # type: ignore[attr-defined]
         ran = count_queries(b, monkeypatch)
-        assert (await a.post("/subscriptions/s/acks", json=[held["id"]])).status_code == 204
-        refill = json.loads((await stream.next_event(within=5))[0])
-        assert refill["payload"] == {"n": 2}
+        await refills_after_an_ack_in(a, stream, held)
         assert "leases_held" in ran
-    finally:
-        await stream.close()
 
 
 @linux_only
