@@ -929,6 +929,8 @@ class WakeHub:
         workers = self._waiting_elsewhere(subscription_id)
         if workers is None or None in workers:
             return False
+        if not workers:
+            return True  # nobody else waits on it: nothing to send (the ids go unjoined)
         payload = f"{SETTLED} {subscription_id}\n" + " ".join(settled)
         if len(payload.encode()) > MAX_DATAGRAM_BYTES:
             return False
